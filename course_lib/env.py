@@ -1,0 +1,119 @@
+"""What machine and software produced a lesson's numbers.
+
+Every lesson prints ``env_report()`` first, so a measured number can always be read next to the CPU,
+the core count, the thread settings and the library versions that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+
+__all__ = ["THREAD_ENV_VARS", "EnvReport", "cpu_model", "env_report"]
+
+THREAD_ENV_VARS: tuple[str, ...] = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+_PACKAGES: tuple[str, ...] = (
+    "numpy",
+    "pandas",
+    "scikit-learn",
+    "xgboost",
+    "xgboost-cpu",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "skl2onnx",
+    "onnxmltools",
+    "fastapi",
+    "uvicorn",
+)
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass
+class EnvReport:
+    """A snapshot of the environment; ``str()`` gives the printable table."""
+
+    python: str
+    platform: str
+    cpu: str
+    logical_cores: int
+    usable_cores: int
+    thread_env: dict[str, str]
+    onnxruntime_providers: list[str]
+    packages: dict[str, str] = field(default_factory=dict)
+    timestamp_utc: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+    def __str__(self) -> str:
+        lines = [
+            f"python          {self.python}",
+            f"platform        {self.platform}",
+            f"cpu             {self.cpu}",
+            f"cores           {self.usable_cores} usable of {self.logical_cores} logical",
+            "threads         " + ", ".join(f"{k}={v}" for k, v in self.thread_env.items()),
+            "course pinning  XGBoost nthread=1, ONNX Runtime intra_op_num_threads=1 (unless a cell says otherwise)",
+            "ORT providers   " + ", ".join(self.onnxruntime_providers),
+        ]
+        lines += [f"{name:<15} {ver}" for name, ver in self.packages.items()]
+        lines.append(f"measured at     {self.timestamp_utc}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython display
+        p.text(str(self))
+
+
+def env_report() -> EnvReport:
+    """Collect Python and package versions, CPU model, core counts and thread settings.
+
+    Returns
+    -------
+    EnvReport
+        Print it (``print(env_report())``) at the top of a lesson or benchmark.
+    """
+    try:
+        import onnxruntime as ort
+
+        providers = list(ort.get_available_providers())
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        providers = []
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    packages = {name: v for name in _PACKAGES if (v := _version(name)) is not None}
+    return EnvReport(
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        cpu=cpu_model(),
+        logical_cores=os.cpu_count() or 1,
+        usable_cores=usable,
+        thread_env={k: os.environ.get(k, "unset") for k in THREAD_ENV_VARS},
+        onnxruntime_providers=providers,
+        packages=packages,
+        timestamp_utc=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    )

@@ -1,0 +1,102 @@
+"""Percentiles the way latency SLAs use them, with the method always named.
+
+``nearest-rank`` (the default) returns an observed sample: the smallest value with at least q% of
+the samples at or below it, i.e. the value at 1-based rank ceil(q/100 x n) of the sorted samples
+(q = 0 gives the minimum). It equals numpy's ``method="inverted_cdf"``. ``linear`` is numpy's
+default interpolation, kept for comparison: it can report a latency no request ever had.
+
+References
+----------
+Hyndman, R. J. and Fan, Y. (1996), "Sample quantiles in statistical packages", The American
+Statistician 50(4): definition 1 (inverted CDF = nearest rank) and definition 7 (linear).
+numpy.percentile documentation, ``method`` parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["METHODS", "fanout_tail_probability", "percentile", "percentiles"]
+
+Method = Literal["nearest-rank", "linear"]
+METHODS: tuple[str, ...] = ("nearest-rank", "linear")
+
+
+def _as_samples(samples: Iterable[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples, dtype=float)
+    if arr.ndim != 1:
+        arr = arr.ravel()
+    if arr.size == 0:
+        raise ValueError("samples is empty: a percentile needs at least one latency sample")
+    if np.isnan(arr).any():
+        raise ValueError(
+            f"samples holds {int(np.isnan(arr).sum())} NaN values; drop or fix them first "
+            "(a failed request is not a latency)"
+        )
+    return arr
+
+
+def _check_q(q: float) -> float:
+    if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) or not 0 <= q <= 100:
+        raise ValueError(f"q must be a number in [0, 100] (e.g. 99 for p99), got {q!r}")
+    return float(q)
+
+
+def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method = "nearest-rank") -> float:
+    """The q-th percentile of ``samples``.
+
+    Parameters
+    ----------
+    samples : 1-D array-like of float, shape (n,), n >= 1, e.g. latencies in ms.
+    q : float in [0, 100]
+        99 for p99.
+    method : {"nearest-rank", "linear"}
+        ``nearest-rank`` returns an observed value (numpy's ``inverted_cdf``); ``linear`` interpolates
+        between neighbours (numpy's default).
+
+    Returns
+    -------
+    float, in the units of ``samples``.
+
+    Raises
+    ------
+    ValueError
+        Empty samples, NaN samples, q outside [0, 100], or an unknown method.
+    """
+    arr = _as_samples(samples)
+    qf = _check_q(q)
+    if method == "nearest-rank":
+        ordered = np.sort(arr)
+        rank = max(1, math.ceil(qf * len(ordered) / 100.0 - 1e-9))
+        return float(ordered[rank - 1])
+    if method == "linear":
+        return float(np.percentile(arr, qf, method="linear"))
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def percentiles(
+    samples: Iterable[float] | np.ndarray, qs: Iterable[float] = (50, 95, 99), method: Method = "nearest-rank"
+) -> dict[str, float]:
+    """Several percentiles at once, keyed ``p50``, ``p95``, ``p99`` (``p99.9`` for 99.9)."""
+    arr = _as_samples(samples)
+    return {f"p{q:g}": percentile(arr, q, method) for q in qs}
+
+
+def fanout_tail_probability(k: int, q: float = 99.0) -> float:
+    """Chance that at least one of ``k`` independent parallel calls is slower than its q-th percentile.
+
+    Each call is slower than its p_q with probability (1 - q/100), so the page is slowed with
+    probability 1 - (q/100)**k: 3.94% for k = 4 at p99, 63.4% for k = 100.
+
+    Raises
+    ------
+    ValueError
+        If ``k`` is not an integer >= 1 or ``q`` is outside [0, 100].
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer number of parallel calls >= 1, got {k!r}")
+    return 1.0 - (_check_q(q) / 100.0) ** int(k)
