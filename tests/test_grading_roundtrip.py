@@ -306,3 +306,11 @@ def test_feedback_is_written_for_every_graded_submission_with_its_score(graded):
                 assert found, f"no score line in {html}"
                 expected = totals.loc[(ps, student)]
                 assert (float(found[1]), float(found[2])) == (expected["score"], expected["max_score"]), html
+
+
+@pytest.mark.parametrize("ps", PROBLEM_SETS)
+def test_hard_coded_answers_pass_the_visible_checks_but_not_the_hidden_ones(graded, ps):
+    assert _validate(FIXTURES / "submitted" / "hard-coded" / ps / f"{ps}.ipynb") == {}, "visible checks pass"
+    scores = question_scores(graded["root"], ps).set_index(["student_id", "question"])["score"]
+    hard_coded = {"ps1": ("q3", "q4"), "ps2": ("q1", "q2", "q3", "q4"), "ps3": ("q1", "q2", "q3", "q4")}[ps]
+    assert all(scores["hard-coded", q] == 0.0 for q in hard_coded)
