@@ -8,6 +8,9 @@ instructor needs to see which question a class found hard, read with nbgrader's 
 the virtual environment is not activated (nbgrader calls the ``alembic`` script by name when it creates
 a gradebook) and with this checkout's ``course_lib`` importable by the grading kernels.
 
+From a shell: ``python -m course_lib.grading ps1 [ps2 ...] [--course-root DIR]`` prints one score table
+per assignment (default: every assignment with submissions).
+
 References
 ----------
 nbgrader 0.9 documentation, "Gradebook API" (``nbgrader.api.Gradebook``; ``Grade.score`` is the manual
@@ -16,6 +19,7 @@ score if set, else the autograder's, else 0) and "Exporting grades" (``nbgrader 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -30,6 +34,7 @@ __all__ = [
     "QUESTION_COLUMNS",
     "export_grades_csv",
     "gradebook_url",
+    "main",
     "question_scores",
     "run_nbgrader",
     "score_table",
@@ -249,3 +254,19 @@ def export_grades_csv(dest: str | os.PathLike, course_root: str | os.PathLike | 
     if done.returncode != 0 or not dest_path.is_file():
         raise RuntimeError(f"nbgrader export failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     return pd.read_csv(dest_path, dtype={"student_id": str}, keep_default_na=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m course_lib.grading [ps ...] [--course-root DIR]``: print per-question score tables."""
+    parser = argparse.ArgumentParser(description="Per-question scores from the nbgrader gradebook.")
+    parser.add_argument("assignments", nargs="*", help="assignments to show (default: all with submissions)")
+    parser.add_argument("--course-root", default=None, help="nbgrader course root (default: exercises/)")
+    args = parser.parse_args(argv)
+    names = args.assignments or sorted(set(question_scores(args.course_root)["assignment"]))
+    with pd.option_context("display.width", 200, "display.max_columns", 50):
+        for name in names:
+            print(f"{name}\n{score_table(args.course_root, name)}\n")
+
+
+if __name__ == "__main__":
+    main()

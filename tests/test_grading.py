@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import QUESTION_COLUMNS, gradebook_url, question_scores, run_nbgrader, score_table
+from course_lib.grading import (
+    QUESTION_COLUMNS,
+    gradebook_url,
+    main,
+    question_scores,
+    run_nbgrader,
+    score_table,
+)
 
 # nbgrader's add_submission trips SQLAlchemy autoflush warnings inside nbgrader itself; they are harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Object of type:sqlalchemy.exc.SAWarning")
@@ -128,3 +135,12 @@ def test_a_course_root_that_is_not_a_folder_is_a_value_error(tmp_path):
 def test_run_nbgrader_needs_a_subcommand():
     with pytest.raises(ValueError, match="sub-command"):
         run_nbgrader()
+
+
+def test_command_line_prints_a_score_table_per_assignment_with_submissions(course_root, capsys):
+    main(["--course-root", str(course_root)])
+    out = capsys.readouterr().out
+    assert out.startswith("ps1\n") and "ps2" not in out, "ps2 has no submissions"
+    assert "q10 (1)" in out and "total (6)" in out
+    amy = next(line for line in out.splitlines() if line.startswith("amy"))
+    assert amy.split() == ["amy", "3.0", "0.0", "1.0", "4.0"]
