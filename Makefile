@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed-stamp
 KERNEL := inference-workbook
 # Pin BLAS/OpenMP threads so timings are comparable run to run (lessons print the settings).
 export OMP_NUM_THREADS ?= 1
-export MPLBACKEND ?= Agg
+# Lessons store inline plots; an inherited non-interactive backend would blank them under nbval.
+unexport MPLBACKEND
 
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
                 --nbval-cell-timeout=300
