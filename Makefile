@@ -38,8 +38,11 @@ kernel: $(STAMP)
 		--display-name "Python (Inference Workbook)" >/dev/null
 	@echo "registered Jupyter kernel '$(KERNEL)' in $(VENV)"
 
+# Jupyter refuses to run as root unless told; containers often run as root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: kernel
-	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 course: kernel
 	$(BIN)/python -m course_lib.course_runner notebooks --out build/course --budget-s 90
