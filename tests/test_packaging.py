@@ -13,13 +13,16 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _pin(line: str) -> tuple[str, str]:
+    req = Requirement(line)
+    (spec,) = req.specifier
+    assert spec.operator == "==", f"lock entries must be exact pins: {line}"
+    return canonicalize_name(req.name), spec.version
+
+
 def _lock() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[canonicalize_name(name)] = version
-    return pins
+    lines = (ROOT / "requirements.lock").read_text().splitlines()
+    return dict(_pin(line) for line in lines if line and not line.startswith("#"))
 
 
 def _pyproject() -> list[Requirement]:
@@ -34,7 +37,7 @@ def _conda_pip() -> list[str]:
 
 
 def test_environment_yml_names_the_same_packages_as_pyproject():
-    conda = {canonicalize_name(re.split(r"==", p)[0]) for p in _conda_pip() if not p.startswith("-")}
+    conda = {canonicalize_name(Requirement(p).name) for p in _conda_pip() if not p.startswith("-")}
     assert conda == {canonicalize_name(r.name) for r in _pyproject()}
 
 
@@ -44,8 +47,8 @@ def test_environment_yml_pins_equal_the_lock_and_installs_the_lock_and_package()
     for entry in pip:
         if entry.startswith("-"):
             continue
-        name, version = entry.split("==")
-        assert lock[canonicalize_name(name)] == version, name
+        name, version = _pin(entry)
+        assert lock[name] == version, name
     assert "-r requirements.lock" in pip and "-e ." in pip
 
 
