@@ -49,11 +49,6 @@ class RunningServer:
     def running(self) -> bool:
         return self.thread.is_alive() and not self.server.should_exit
 
-    @property
-    def total_requests(self) -> int:
-        """Requests uvicorn has handled so far."""
-        return self.server.server_state.total_requests
-
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask uvicorn to exit, wait up to ``timeout_s``, then force it.
 

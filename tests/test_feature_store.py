@@ -92,7 +92,7 @@ def test_missing_store_file_raises_file_not_found(tmp_path):
 
 @pytest.mark.parametrize(("n", "seed"), [(0, 0), (-5, 0), (2.5, 0), (True, 0), (10, -1)])
 def test_bad_population_parameters_are_rejected(n, seed, tmp_path):
-    with pytest.raises(ValueError, match="n_customers|seed"):
+    with pytest.raises(ValueError, match=r"n_customers|seed"):
         build_feature_store(n, seed, folder=tmp_path)
 
 
@@ -228,6 +228,8 @@ def test_unknown_lookup_mode_is_rejected(store):
 
 
 def test_cache_of_another_store_is_rejected(store, store_folder):
-    with FeatureStore(feature_store_path(N_CUSTOMERS, SEED, store_folder)) as other:
-        with pytest.raises(ValueError, match="same FeatureStore"):
-            make_lookup(store, "cached", cache=CachedFeatureStore(other))
+    with (
+        FeatureStore(feature_store_path(N_CUSTOMERS, SEED, store_folder)) as other,
+        pytest.raises(ValueError, match="same FeatureStore"),
+    ):
+        make_lookup(store, "cached", cache=CachedFeatureStore(other))
