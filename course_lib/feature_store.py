@@ -350,11 +350,14 @@ class FeatureStore:
 
 
 class CachedFeatureStore:
-    """A TTL cache keyed by customer id in front of the indexed store, counting hits and misses.
+    """A TTL cache keyed by customer id in front of the store, counting hits and misses.
 
     Parameters
     ----------
     store : FeatureStore
+    use_index : bool
+        How a miss reads the store: True (default) through the index; False with a full scan, to
+        show how a cache in front of a slow store turns a few misses into the tail latency.
     maxsize : int
         Most customers held; beyond it the least recently used entry is evicted (``TTLCache``).
     ttl_s : float
@@ -376,6 +379,7 @@ class CachedFeatureStore:
         self,
         store: FeatureStore,
         *,
+        use_index: bool = True,
         maxsize: int = DEFAULT_CACHE_MAXSIZE,
         ttl_s: float = DEFAULT_CACHE_TTL_S,
         timer: Callable[[], float] = time.monotonic,
@@ -385,6 +389,7 @@ class CachedFeatureStore:
         if not isinstance(ttl_s, (int, float)) or not ttl_s > 0 or not math.isfinite(ttl_s):
             raise ValueError(f"ttl_s must be a finite number of seconds > 0, got {ttl_s!r}")
         self.store = store
+        self.use_index = bool(use_index)
         self.maxsize, self.ttl_s = int(maxsize), float(ttl_s)
         self._cache: TTLCache[str, dict[str, object]] = TTLCache(
             maxsize=self.maxsize, ttl=self.ttl_s, timer=timer
@@ -394,7 +399,7 @@ class CachedFeatureStore:
         self.misses = 0
 
     def get(self, customer_id: str) -> dict[str, object] | None:
-        """Features from the cache (a hit) or from the indexed store (a miss, then cached).
+        """Features from the cache (a hit) or from the store (a miss, then cached).
 
         Returns a fresh dict each time, so a caller cannot alter what the cache holds; ``None`` for an
         unknown id. Raises ``TypeError`` like ``FeatureStore.get``.
@@ -409,7 +414,7 @@ class CachedFeatureStore:
                 self.hits += 1
                 return dict(record)
             self.misses += 1
-        record = self.store.get(customer_id, use_index=True)
+        record = self.store.get(customer_id, use_index=self.use_index)
         if record is not None:
             with self._lock:
                 self._cache[customer_id] = record
@@ -420,7 +425,7 @@ class CachedFeatureStore:
         """Load ``customer_ids`` into the cache without counting hits or misses; returns how many were found."""
         found = 0
         for cid in customer_ids:
-            record = self.store.get(cid, use_index=True)
+            record = self.store.get(cid, use_index=True)  # warming is set-up, not traffic: use the index
             if record is not None:
                 with self._lock:
                     self._cache[cid] = record

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ __all__ = [
     "StageTimer",
     "format_server_timing",
     "parse_server_timing",
+    "profile_requests",
 ]
 
 #: Row label of the end-to-end total in ``LatencyBudget.summary()``.
@@ -395,3 +397,59 @@ class LatencyBudget:
         table = table.astype({"count": "int64", "p50_breached": "boolean", "p99_breached": "boolean"})
         table.index.name = "stage"
         return table
+
+
+def profile_requests(
+    send: Callable[[str], RequestProfile],
+    keys: Sequence[str],
+    *,
+    warmup_requests: int = 20,
+    time_limit_s: float = 60.0,
+    budget: LatencyBudget | None = None,
+) -> LatencyBudget:
+    """Send one request per key, one after another, and collect their profiles in a budget.
+
+    Parameters
+    ----------
+    send : callable
+        key (e.g. a customer id) -> the request's ``RequestProfile``; it should raise if the request
+        failed (a refused request is not a latency sample).
+    keys : sequence of str
+        One request each, in order. The first ``warmup_requests`` keys are sent untimed first.
+    warmup_requests : int
+        Requests sent before measuring (connection set-up, first-call caches), >= 0.
+    time_limit_s : float
+        Stop after this many seconds even if keys remain; a ``RuntimeWarning`` then says how many
+        requests were measured, and the budget's ``count`` shows it too.
+    budget : LatencyBudget, optional
+        Budget to add to (e.g. one with SLA targets); a new one without targets by default.
+
+    Returns
+    -------
+    LatencyBudget
+
+    Raises
+    ------
+    ValueError
+        If ``keys`` is empty, ``warmup_requests`` < 0 or ``time_limit_s`` <= 0.
+    """
+    if len(keys) == 0:
+        raise ValueError("keys is empty: give at least one key to send")
+    if isinstance(warmup_requests, bool) or not isinstance(warmup_requests, int) or warmup_requests < 0:
+        raise ValueError(f"warmup_requests must be an integer >= 0, got {warmup_requests!r}")
+    if not time_limit_s > 0:
+        raise ValueError(f"time_limit_s must be > 0 seconds, got {time_limit_s!r}")
+    out = budget if budget is not None else LatencyBudget()
+    for key in keys[:warmup_requests]:
+        send(key)
+    deadline = time.monotonic() + time_limit_s
+    for i, key in enumerate(keys):
+        if time.monotonic() > deadline:
+            warnings.warn(
+                f"profile_requests stopped at its {time_limit_s:g} s limit after {i} of {len(keys)} requests",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            break
+        out.record(send(key))
+    return out

@@ -299,6 +299,19 @@ class ChurnService:
         coro.close()
         raise RuntimeError("handle_async suspended without an async forward; use it from an event loop")
 
+    def timed_score(self, customer_id: str) -> RequestProfile:
+        """Score one customer in-process and return the stage profile (for ``profile_requests``).
+
+        Raises
+        ------
+        RequestError
+            If the answer is not 200 (a refused request is not a latency sample).
+        """
+        result = self.handle(json.dumps({"customer_id": customer_id}).encode(), request_id=customer_id)
+        if result.status_code != 200:
+            raise RequestError(result.status_code, "request_failed", result.body.decode(errors="replace"))
+        return result.profile
+
     async def handle_async(
         self, body: bytes, *, forward: AsyncForward | None = None, request_id: str = ""
     ) -> ServiceResponse:
@@ -457,6 +470,13 @@ class ChurnClient:
                 f"server stages ({server_ms}) add up to more than the wall time {wall_ms:.3f} ms"
             )
         return response, RequestProfile(request_id or customer_id, {"transport": transport_ms, **server_ms})
+
+    def timed_score(self, customer_id: str) -> RequestProfile:
+        """``score`` that returns only the five-stage profile, raising ``RequestError`` unless 200."""
+        response, profile = self.score(customer_id)
+        if response.status_code != 200:
+            raise RequestError(response.status_code, "request_failed", response.text)
+        return profile
 
     def close(self) -> None:
         self._http.close()

@@ -153,6 +153,13 @@ def test_cache_counts_a_miss_then_hits(store):
     assert cache.hit_rate == 0.5
 
 
+def test_cache_misses_can_fall_back_to_a_full_scan(store):
+    cache = CachedFeatureStore(store, use_index=False)
+    assert cache.get("SC-0004999") == store.get("SC-0004999")
+    assert cache.get("SC-0004999") == store.get("SC-0004999")
+    assert (cache.hits, cache.misses) == (1, 1)
+
+
 def test_cache_entries_expire_after_the_ttl(store):
     timer = FakeTimer()
     cache = CachedFeatureStore(store, ttl_s=10.0, timer=timer)
