@@ -125,6 +125,11 @@ def native_forward(pipeline: object) -> Forward:
         records (list of n feature dicts) -> churn probabilities, float array of shape (n,). Each
         call builds a DataFrame of the records: that and the pipeline's per-call overhead is what a
         Python-native model costs per request.
+
+    Raises
+    ------
+    TypeError
+        If ``pipeline`` has no ``predict_proba``.
     """
     if not hasattr(pipeline, "predict_proba"):
         raise TypeError(f"pipeline must have predict_proba, got {type(pipeline).__name__}")
@@ -148,6 +153,12 @@ def onnx_forward(scorer: object) -> Forward:
     -------
     callable
         records (list of n feature dicts) -> churn probabilities, float32 array of shape (n,).
+        A malformed record raises ``ValueError`` from ``feeds_from_records``.
+
+    Raises
+    ------
+    TypeError
+        If ``scorer`` has no ``feeds_from_records``.
     """
     if not hasattr(scorer, "feeds_from_records"):
         raise TypeError(f"scorer must be an OnnxChurnScorer, got {type(scorer).__name__}")
@@ -479,6 +490,7 @@ class ChurnClient:
         return profile
 
     def close(self) -> None:
+        """Close the keep-alive connection."""
         self._http.close()
 
     def __enter__(self) -> ChurnClient:

@@ -18,6 +18,7 @@ from course_lib.profiling import (
     StageTimer,
     format_server_timing,
     parse_server_timing,
+    profile_requests,
 )
 
 
@@ -244,3 +245,46 @@ def test_server_timing_round_trips_to_the_microsecond(stages_ms):
     assert list(parsed) == list(stages_ms)
     for name, ms in stages_ms.items():
         assert parsed[name] == pytest.approx(ms, abs=5e-4)
+
+
+def test_profile_requests_sends_warmup_untimed_then_records_every_key():
+    sent = []
+
+    def send(key):
+        sent.append(key)
+        return RequestProfile(key, {"lookup": float(len(sent))})
+
+    budget = profile_requests(send, ["a", "b", "c"], warmup_requests=2)
+    assert sent == ["a", "b", "a", "b", "c"]
+    assert [p.request_id for p in budget.profiles] == ["a", "b", "c"]
+    assert list(budget.samples_ms("lookup")) == [3.0, 4.0, 5.0]
+
+
+def test_profile_requests_adds_to_a_budget_with_targets():
+    budget = LatencyBudget(target_p99_ms=1.0)
+    profile_requests(lambda k: RequestProfile(k, {"lookup": 2.0}), ["a"], warmup_requests=0, budget=budget)
+    assert bool(budget.summary().loc[END_TO_END, "p99_breached"]) is True
+
+
+def test_profile_requests_stops_at_its_time_limit_and_says_so(monkeypatch):
+    clock = iter([0.0, 0.5, 0.9, 2.0])  # deadline = 0.0 + 1.0 s; the third check is past it
+    monkeypatch.setattr(profiling.time, "monotonic", lambda: next(clock))
+    with pytest.warns(RuntimeWarning, match="after 2 of 5 requests"):
+        budget = profile_requests(
+            lambda k: RequestProfile(k, {"lookup": 1.0}), list("abcde"), warmup_requests=0, time_limit_s=1.0
+        )
+    assert len(budget) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"keys": []}, "keys is empty"),
+        ({"warmup_requests": -1}, "warmup_requests"),
+        ({"time_limit_s": 0}, "time_limit_s"),
+    ],
+)
+def test_profile_requests_validates_its_arguments(kwargs, match):
+    args = {"send": lambda k: RequestProfile(k, {"x": 1.0}), "keys": ["a"], **kwargs}
+    with pytest.raises(ValueError, match=match):
+        profile_requests(**args)
