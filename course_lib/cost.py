@@ -83,7 +83,7 @@ YEAR_CONVENTIONS: dict[str, tuple[float, float]] = {
 _MAX_HOURS_PER_MONTH = 31 * 24
 _MAX_HOURS_PER_YEAR = 366 * 24
 _MAX_HEADROOM = 10.0
-_MAX_BREAK_EVEN_STEPS = 1_000_000
+_MAX_BREAK_EVEN_STEPS = 250_000
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 
 
@@ -763,7 +763,7 @@ def break_even_rps(
         If an option is not a ServingOption.
     ValueError
         For mixed currencies, an invalid ``headroom``/``target_utilization``, or options so close in
-        cost per unit of capacity that more than 1,000,000 replica steps would have to be checked.
+        cost per unit of capacity that more than 250,000 replica steps would have to be checked.
     """
     for label, option in (("option_a", option_a), ("option_b", option_b)):
         if not isinstance(option, ServingOption):
