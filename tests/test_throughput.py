@@ -205,3 +205,51 @@ def test_script_writes_a_loadable_cpu_record(tmp_path):
     assert sorted(record.results["batch_size"].unique()) == [1, 8]
     assert set(record.environment["onnx_node_placement"]["onnxruntime/cpu"]) == {"CPUExecutionProvider"}
     assert record.environment["max_abs_diff_vs_first_candidate"]["xgboost/cpu"] < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("runtimes", "patch", "needle"),
+    [
+        ("xgboost", ("xgboost", "build_info", lambda: {"USE_CUDA": False}), "xgboost-cu13"),
+        (
+            "onnxruntime",
+            ("onnxruntime", "get_available_providers", lambda: ["CPUExecutionProvider"]),
+            "onnxruntime-gpu",
+        ),
+    ],
+)
+def test_script_names_the_missing_cuda_package(monkeypatch, capsys, tmp_path, runtimes, patch, needle):
+    script = _script()
+    monkeypatch.setattr(script, "gpu_info", lambda: {"name": "stand-in GPU"})
+    module, attr, fake = patch
+    monkeypatch.setattr(importlib.import_module(module), attr, fake)
+    out = tmp_path / "gpu.json"
+    assert script.main(["--device", "cuda", "--runtimes", runtimes, "--out", str(out)]) == 2
+    assert needle in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_script_cuda_bookkeeping_with_a_stand_in_device(monkeypatch, tmp_path):
+    """The CUDA path's record keeping, with CPU candidates standing in for the GPU (no GPU numbers)."""
+    script = _script()
+    real = script.churn_candidates
+    monkeypatch.setattr(script, "preflight_cuda", lambda runtimes: {"gpu": {"name": "stand-in GPU"}})
+
+    def stand_in(*args, device="cpu", **kwargs):
+        cands = real(*args, device="cpu", **kwargs)
+        return [
+            Candidate(c.name.replace("/cpu", f"/{device}"), c.runtime, device, c.make_call, c.max_batch_size)
+            for c in cands
+        ]
+
+    monkeypatch.setattr(script, "churn_candidates", stand_in)
+    out = tmp_path / "gpu.json"
+    argv = ["--device", "cuda", "--runtimes", "xgboost", "--batch-sizes", "1,8", "--max-cpu-batch", "1"]
+    assert script.main([*argv, "--target-s", "0.02", "--rounds", "2", "--out", str(out)]) == 0
+    record = load_measurement(out)
+    assert record.device == "cuda (stand-in GPU)"
+    assert record.environment["gpu"] == {"name": "stand-in GPU"}
+    assert record.not_measured == {"onnxruntime/cuda": "not requested (--runtimes xgboost)"}
+    measured = set(zip(record.results["candidate"], record.results["batch_size"], strict=True))
+    assert ("xgboost/cuda", 8) in measured and ("xgboost/cpu", 8) not in measured  # CPU capped at 1
+    assert "xgboost/cuda" in record.at_p99_limit.index
