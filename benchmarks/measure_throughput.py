@@ -252,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
 
     env = report.as_dict()
     env.update(found)
+    import onnxruntime as ort
+    import xgboost
+
+    # by module, since the distribution names differ (xgboost, xgboost-cpu, xgboost-cu13, onnxruntime-gpu)
+    env["runtime_versions"] = {"xgboost": xgboost.__version__, "onnxruntime": ort.__version__}
     env["max_abs_diff_vs_first_candidate"] = diffs
     env["onnx_node_placement"] = placement
     record = ThroughputRecord(

@@ -404,6 +404,9 @@ class ThroughputRecord:
         packages = env.get("packages", {})
         if isinstance(packages, dict):
             lines.append("libraries     " + ", ".join(f"{k} {v}" for k, v in packages.items()))
+        runtimes = env.get("runtime_versions")
+        if isinstance(runtimes, dict):
+            lines.append("runtimes      " + ", ".join(f"{k} {v}" for k, v in runtimes.items()))
         lines.append(
             f"settings      p99 limit {self.settings.get('p99_limit_ms')} ms, wait factor "
             f"{self.settings.get('wait_factor')}, threads {self.settings.get('threads')}"

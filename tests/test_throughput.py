@@ -205,6 +205,10 @@ def test_script_writes_a_loadable_cpu_record(tmp_path):
     assert sorted(record.results["batch_size"].unique()) == [1, 8]
     assert set(record.environment["onnx_node_placement"]["onnxruntime/cpu"]) == {"CPUExecutionProvider"}
     assert record.environment["max_abs_diff_vs_first_candidate"]["xgboost/cpu"] < 1e-5
+    import xgboost
+
+    assert record.environment["runtime_versions"]["xgboost"] == xgboost.__version__
+    assert f"xgboost {xgboost.__version__}" in record.provenance()
 
 
 @pytest.mark.parametrize(
