@@ -274,8 +274,8 @@ def graph_changes(
 
     Returns
     -------
-    dict with ``unchanged`` (bool: same nodes in the same order with the same attributes, same
-    initializer names and types), ``ops_added`` and ``ops_removed`` (dict op_type -> count) and
+    dict with ``unchanged`` (bool: the same nodes with the same inputs, outputs and attributes, in any
+    order since quantizers re-sort the graph; the same initializer names and types), ``ops_added`` and ``ops_removed`` (dict op_type -> count) and
     ``initializers_retyped`` (dict name -> (old type, new type) as ONNX type names).
     """
     a = _load(before, "before").graph
@@ -289,9 +289,9 @@ def graph_changes(
         for name in types_a
         if types_b.get(name) != types_a[name]
     }
-    same_nodes = [n.SerializeToString(deterministic=True) for n in a.node] == [
+    same_nodes = sorted(n.SerializeToString(deterministic=True) for n in a.node) == sorted(
         n.SerializeToString(deterministic=True) for n in b.node
-    ]
+    )
     return {
         "unchanged": same_nodes and types_a == types_b,
         "ops_added": dict(ops_b - ops_a),
