@@ -74,7 +74,8 @@ def tuning_table(
     feeds_by_batch : mapping of batch size -> feeds with exactly that many rows
         E.g. ``{1: scorer.feeds(X[:1]), 1024: scorer.feeds(X[:1024])}``.
     levels : graph optimisation levels to try (see ``GRAPH_OPTIMIZATION_LEVELS``).
-    intra_op_threads : intra-op thread counts to try, each >= 1.
+    intra_op_threads : intra-op thread counts to try, each >= 0 (0 = ONNX Runtime's default, one per
+        physical core).
     n_calls : mapping of batch size -> timed calls per round, optional
         Defaults to ``max(10, 20_000 // batch)`` capped at 300.
     rounds, warmup_calls : as in ``course_lib.bench.compare_latency``.
@@ -155,28 +156,32 @@ def oversubscription_table(
     ----------
     model : path to an ``.onnx`` file, or its serialized bytes.
     feeds : the input of one call (e.g. one customer).
-    configs : sequence of (n_processes, intra_op_num_threads), each >= 1.
+    configs : sequence of (n_processes, intra_op_num_threads); n_processes >= 1, threads >= 0 where 0
+        is ONNX Runtime's default (one thread per physical core, in every process).
     n_calls, warmup_calls : timed and untimed calls per worker.
     timeout_s : give up on a configuration whose workers have not reported after this many seconds.
 
     Returns
     -------
-    DataFrame indexed by (``n_processes``, ``intra_op_num_threads``) with ``threads_total``,
-    ``threads_per_core`` (threads_total / usable cores), ``p50_us``, ``p99_us`` (nearest rank) and
+    DataFrame indexed by (``n_processes``, ``intra_op_num_threads``) with ``threads_total`` (a
+    thread count of 0 is counted as ``usable_cores()``, which is what ONNX Runtime starts on a machine
+    whose logical cores are physical), ``threads_per_core`` (threads_total / usable cores), ``p50_us``, ``p99_us`` (nearest rank) and
     ``throughput_rps`` (all workers' calls divided by the slowest worker's wall time).
 
     Raises
     ------
     ValueError
-        For an empty ``configs`` or a value below 1.
+        For an empty ``configs``, fewer than 1 process or a negative thread count.
     TimeoutError
         If a configuration's workers do not finish within ``timeout_s``; they are terminated.
     """
     if not configs:
         raise ValueError("configs must list at least one (n_processes, intra_op_num_threads) pair")
     for n_proc, threads in configs:
-        if n_proc < 1 or threads < 1:
-            raise ValueError(f"n_processes and intra_op_num_threads must be >= 1, got {(n_proc, threads)}")
+        if n_proc < 1 or threads < 0:
+            raise ValueError(
+                f"n_processes must be >= 1 and intra_op_num_threads >= 0 (0 = default), got {(n_proc, threads)}"
+            )
     if n_calls < 1:
         raise ValueError(f"n_calls must be >= 1, got {n_calls}")
     source = str(model) if isinstance(model, Path) else model
@@ -218,8 +223,8 @@ def oversubscription_table(
         us = np.concatenate([c[0] for c in collected]) / 1e3
         wall_s = max(c[1] for c in collected) / 1e9
         rows[(n_proc, threads)] = {
-            "threads_total": n_proc * threads,
-            "threads_per_core": n_proc * threads / cores,
+            "threads_total": n_proc * (threads or cores),
+            "threads_per_core": n_proc * (threads or cores) / cores,
             "p50_us": percentile(us, 50),
             "p99_us": percentile(us, 99),
             "throughput_rps": len(us) / wall_s,

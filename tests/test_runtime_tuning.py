@@ -42,7 +42,7 @@ def test_tuning_table_rejects_bad_settings(tree_file, feeds):
     with pytest.raises(ValueError, match="exactly 2"):
         tuning_table(tree_file, {2: feeds[1]})
     with pytest.raises(ValueError, match="intra_op_num_threads"):
-        tuning_table(tree_file, feeds, intra_op_threads=(0,))
+        tuning_table(tree_file, feeds, intra_op_threads=(-1,))
     with pytest.raises(ValueError, match="at least one batch"):
         tuning_table(tree_file, {})
 
@@ -60,3 +60,5 @@ def test_oversubscription_rejects_bad_configs(tree_file, feeds):
         oversubscription_table(tree_file, feeds[1], [])
     with pytest.raises(ValueError, match=">= 1"):
         oversubscription_table(tree_file, feeds[1], [(0, 1)])
+    with pytest.raises(ValueError, match=">= 0"):
+        oversubscription_table(tree_file, feeds[1], [(1, -1)])
