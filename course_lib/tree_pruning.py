@@ -26,7 +26,7 @@ from xgboost import XGBClassifier
 
 from course_lib.model import DEFAULT_NTHREAD, features, labels
 
-__all__ = ["flattening_point", "prune_trees", "trees_curve"]
+__all__ = ["flattening_point", "prefix_probabilities", "prune_trees", "trees_curve"]
 
 
 def _booster_rounds(pipeline: Pipeline) -> int:
@@ -36,28 +36,7 @@ def _booster_rounds(pipeline: Pipeline) -> int:
     return int(xgb.get_booster().num_boosted_rounds())
 
 
-def trees_curve(pipeline: Pipeline, df: pd.DataFrame, n_trees: Sequence[int] | None = None) -> pd.DataFrame:
-    """Validation metrics of the model's first ``k`` trees, for each ``k`` in ``n_trees``.
-
-    Parameters
-    ----------
-    pipeline : fitted course pipeline (``preprocess`` + ``xgb``).
-    df : DataFrame of labelled customers (the validation split: never the test set when choosing k).
-    n_trees : increasing sequence of ints in [1, total trees], optional
-        Defaults to 10, 20, ..., 50, then every 50 up to the total.
-
-    Returns
-    -------
-    DataFrame indexed by ``n_trees`` with ``roc_auc``, ``pr_auc``, ``log_loss`` and ``auc_vs_full``
-    (AUC minus the full model's AUC; the full model is always included as the last row).
-
-    Raises
-    ------
-    ValueError
-        If the pipeline has no fitted XGBoost step, or ``n_trees`` holds values outside
-        [1, total trees] or is not strictly increasing.
-    """
-    total = _booster_rounds(pipeline)
+def _grid(total: int, n_trees: Sequence[int] | None) -> list[int]:
     if n_trees is None:
         grid = [k for k in (10, 20, 30, 40, 50) if k < total] + list(range(100, total, 50))
     else:
@@ -69,20 +48,66 @@ def trees_curve(pipeline: Pipeline, df: pd.DataFrame, n_trees: Sequence[int] | N
             raise ValueError(f"n_trees must be strictly increasing, got {grid}")
     if not grid or grid[-1] != total:
         grid.append(total)
+    return grid
+
+
+def prefix_probabilities(
+    pipeline: Pipeline, df: pd.DataFrame, n_trees: Sequence[int] | None = None
+) -> dict[int, np.ndarray]:
+    """Churn probabilities of the model's first ``k`` trees, for each ``k`` in ``n_trees``.
+
+    Parameters
+    ----------
+    pipeline : fitted course pipeline (``preprocess`` + ``xgb``).
+    df : DataFrame with the 19 feature columns, n rows.
+    n_trees : strictly increasing sequence of ints in [1, total trees], optional
+        Defaults to 10, 20, ..., 50, then every 50 up to the total. The full model is always added
+        as the last key.
+
+    Returns
+    -------
+    dict of k -> array of shape (n,), in increasing k.
+
+    Raises
+    ------
+    ValueError
+        If the pipeline has no fitted XGBoost step, or ``n_trees`` holds values outside
+        [1, total trees] or is not strictly increasing.
+    """
+    grid = _grid(_booster_rounds(pipeline), n_trees)
     X = pipeline.named_steps["preprocess"].transform(features(df))
-    y = labels(df)
     xgb = pipeline.named_steps["xgb"]
-    rows = []
-    for k in grid:
-        p = xgb.predict_proba(X, iteration_range=(0, k))[:, 1]
-        rows.append(
-            {
-                "n_trees": k,
-                "roc_auc": float(roc_auc_score(y, p)),
-                "pr_auc": float(average_precision_score(y, p)),
-                "log_loss": float(log_loss(y, p, labels=[0, 1])),
-            }
-        )
+    return {k: xgb.predict_proba(X, iteration_range=(0, k))[:, 1] for k in grid}
+
+
+def trees_curve(pipeline: Pipeline, df: pd.DataFrame, n_trees: Sequence[int] | None = None) -> pd.DataFrame:
+    """Validation metrics of the model's first ``k`` trees, for each ``k`` in ``n_trees``.
+
+    Parameters
+    ----------
+    pipeline, n_trees : as in ``prefix_probabilities``.
+    df : DataFrame of labelled customers (the validation split: never the test set when choosing k).
+
+    Returns
+    -------
+    DataFrame indexed by ``n_trees`` with ``roc_auc``, ``pr_auc``, ``log_loss`` and ``auc_vs_full``
+    (AUC minus the full model's AUC; the full model is always included as the last row).
+
+    Raises
+    ------
+    ValueError
+        As ``prefix_probabilities``.
+    """
+    y = labels(df)
+    rows = [
+        {
+            "n_trees": k,
+            "roc_auc": float(roc_auc_score(y, p)),
+            "pr_auc": float(average_precision_score(y, p)),
+            "log_loss": float(log_loss(y, p, labels=[0, 1])),
+        }
+        for k, p in prefix_probabilities(pipeline, df, n_trees).items()
+    ]
     curve = pd.DataFrame(rows).set_index("n_trees")
     curve["auc_vs_full"] = curve["roc_auc"] - curve["roc_auc"].iloc[-1]
     return curve

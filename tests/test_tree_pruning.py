@@ -8,7 +8,7 @@ import pytest
 
 from course_lib.export import OnnxChurnScorer, check_parity, make_session, pipeline_to_onnx
 from course_lib.model import features
-from course_lib.tree_pruning import flattening_point, prune_trees, trees_curve
+from course_lib.tree_pruning import flattening_point, prefix_probabilities, prune_trees, trees_curve
 
 
 def test_trees_curve_ends_with_the_full_model(churn_model):
@@ -28,6 +28,15 @@ def test_curve_matches_iteration_range_predictions(churn_model):
     X = pipe.named_steps["preprocess"].transform(features(df))
     p = pipe.named_steps["xgb"].predict_proba(X, iteration_range=(0, 50))[:, 1]
     assert curve.loc[50, "roc_auc"] == pytest.approx(roc_auc_score(df["churn"].astype(int), p))
+
+
+def test_prefix_probabilities_grow_towards_the_full_model(churn_model):
+    probs = prefix_probabilities(churn_model.pipeline, churn_model.split.valid, [1, 100])
+    assert list(probs) == [1, 100, 400]
+    full = churn_model.predict_proba(churn_model.split.valid)
+    np.testing.assert_allclose(probs[400], full, atol=1e-7)
+    gaps = [np.abs(p - full).mean() for p in probs.values()]
+    assert gaps[0] > gaps[1] > gaps[2] == pytest.approx(0, abs=1e-7)
 
 
 def test_flattening_point_is_the_fewest_trees_within_tolerance():
