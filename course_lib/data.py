@@ -233,7 +233,9 @@ def make_customers(n: int, seed: int = 0, *, source: pd.DataFrame | None = None)
     seed : int
         Seed of the ``numpy.random.Generator``; the same (n, seed) gives the same frame.
     source : pandas.DataFrame, optional
-        Real customers to resample; defaults to ``load_telco()``.
+        Real customers to resample; defaults to ``load_telco()`` (all 7,043 rows). When the population
+        feeds training (e.g. distillation), pass the training split only: resampling the whole file
+        copies test customers into the training data and leaks them.
 
     Returns
     -------
