@@ -161,8 +161,10 @@ def score_table(course_root: str | os.PathLike | None = None, assignment: str | 
     Returns
     -------
     pandas.DataFrame
-        Index ``student_id``; one column per question in notebook order (``q1``, ``q2``...), then
-        ``total``. The column labels carry the points available, e.g. ``"q1 (3)"`` and ``"total (10)"``.
+        Index ``student_id``; one column per question in notebook order (``q1``, ``q2``...; prefixed
+        ``<notebook>/`` when the assignment has several notebooks), then ``total``. The labels carry the
+        points available, e.g. ``"q1 (3)"`` and ``"total (10)"``. A question nobody scored (the
+        notebook could not be read, say) shows NaN rather than nbgrader's 0, and so does the total.
 
     Raises
     ------
@@ -174,10 +176,13 @@ def score_table(course_root: str | os.PathLike | None = None, assignment: str | 
     long = question_scores(course_root, assignment)
     if long.empty:
         raise ValueError(f"assignment {assignment!r} has no submissions in the gradebook yet")
+    if long["notebook"].nunique() > 1:
+        long["question"] = long["notebook"] + "/" + long["question"]
+    long["score"] = long["score"].where(long["autograded"])
     questions = sorted(long["question"].unique(), key=_natural_key)
     points = long.groupby("question")["max_score"].first()
-    table = long.pivot_table(index="student_id", columns="question", values="score", aggfunc="sum")[questions]
-    table["total"] = table.sum(axis=1)
+    table = long.pivot(index="student_id", columns="question", values="score")[questions]
+    table["total"] = table.sum(axis=1, skipna=False)
     labels = {q: f"{q} ({points[q]:g})" for q in questions}
     labels["total"] = f"total ({points.sum():g})"
     table.columns.name = None

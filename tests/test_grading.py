@@ -25,7 +25,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Object of type:sqlalchemy.exc.SA
 
 @pytest.fixture(scope="module")
 def gradebook_file(tmp_path_factory) -> Path:
-    """ps1 with questions q1, q2, q10 (3, 2, 1 points): amy fully autograded; bo's q10 never scored."""
+    """ps1: q1, q2, q10 (3, 2, 1 points), amy fully autograded, bo's q10 never scored; ps2: no submissions;
+    ps3: two notebooks with a q1 each, amy scores 1 on both."""
     from nbgrader.api import Gradebook
 
     path = tmp_path_factory.mktemp("gradebook") / "gradebook.db"
@@ -38,6 +39,10 @@ def gradebook_file(tmp_path_factory) -> Path:
             for name, points in (("q1", 3), ("q2", 2), ("q10", 1)):
                 gb.add_grade_cell(name, "ps1", "ps1", max_score=points, cell_type="code")
             gb.add_assignment("ps2")
+            gb.add_assignment("ps3")  # two notebooks that both have a "q1"
+            for notebook, points in (("part_a", 1), ("part_b", 2)):
+                gb.add_notebook(notebook, "ps3")
+                gb.add_grade_cell("q1", notebook, "ps3", max_score=points, cell_type="code")
             for student, scores in (("amy", {"q1": 3, "q2": 0, "q10": 1}), ("bo", {"q1": 1.5, "q2": 2})):
                 gb.add_student(student)
                 gb.add_submission("ps1", student)
@@ -45,6 +50,10 @@ def gradebook_file(tmp_path_factory) -> Path:
                     grade = gb.find_grade(name, "ps1", "ps1", student)
                     grade.auto_score = score
                     grade.needs_manual_grade = False
+            gb.add_submission("ps3", "amy")
+            for notebook in ("part_a", "part_b"):
+                grade = gb.find_grade("q1", notebook, "ps3", "amy")
+                grade.auto_score, grade.needs_manual_grade = 1.0, False
             gb.db.commit()
     return path
 
@@ -99,7 +108,14 @@ def test_score_table_has_a_column_per_question_with_its_points_and_a_total(cours
     table = score_table(course_root, "ps1")
     assert list(table.columns) == ["q1 (3)", "q2 (2)", "q10 (1)", "total (6)"]
     assert table.loc["amy"].tolist() == [3.0, 0.0, 1.0, 4.0]
-    assert table.loc["bo"].tolist() == [1.5, 2.0, 0.0, 3.5]
+    assert table.loc["bo", ["q1 (3)", "q2 (2)"]].tolist() == [1.5, 2.0]
+    assert table.loc["bo", ["q10 (1)", "total (6)"]].isna().all(), "an unscored question is not a 0"
+
+
+def test_score_table_prefixes_questions_with_their_notebook_when_there_are_several(course_root):
+    table = score_table(course_root, "ps3")
+    assert list(table.columns) == ["part_a/q1 (1)", "part_b/q1 (2)", "total (3)"]
+    assert table.loc["amy"].tolist() == [1.0, 1.0, 2.0]
 
 
 def test_reading_scores_leaves_the_gradebook_file_unchanged(course_root):
@@ -110,7 +126,7 @@ def test_reading_scores_leaves_the_gradebook_file_unchanged(course_root):
 
 
 def test_unknown_assignment_is_a_value_error_naming_it_and_the_known_ones(course_root):
-    with pytest.raises(ValueError, match=r"'ps9' is not in the gradebook.*'ps1', 'ps2'"):
+    with pytest.raises(ValueError, match=r"'ps9' is not in the gradebook.*'ps1', 'ps2', 'ps3'"):
         question_scores(course_root, "ps9")
 
 
