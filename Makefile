@@ -14,7 +14,7 @@ unexport MPLBACKEND
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
                 --nbval-cell-timeout=300
 
-.PHONY: help install kernel lab course test unit nbval lint bench lock clean
+.PHONY: help install kernel lab course test unit nbval lint bench lock clean exercises
 
 help:
 	@echo "make lab     install (first run), register the course kernel, open JupyterLab on 127.0.0.1"
@@ -22,6 +22,7 @@ help:
 	@echo "make test    unit tests + strict nbval on every lesson + nbgrader round-trip (what CI runs)"
 	@echo "make bench   runtime comparison tables (ratios measured side by side)"
 	@echo "make lint    ruff over course_lib, tests, benchmarks"
+	@echo "make exercises  rebuild exercises/release and the grading fixtures (instructors)"
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required, found " + sys.version'
@@ -42,7 +43,7 @@ kernel: $(STAMP)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lab: kernel
-	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=. $(ROOT_FLAG) $(LAB_ARGS)
 
 course: kernel
 	$(BIN)/python -m course_lib.course_runner notebooks --out build/course --budget-s 90
@@ -70,6 +71,13 @@ lock: $(STAMP)
 	sed -i -E 's/^xgboost-cpu==(.*)$$/xgboost-cpu==\1; sys_platform != "darwin"\nxgboost==\1; sys_platform == "darwin"/' requirements.lock.new
 	{ head -n 2 requirements.lock; cat requirements.lock.new; } > requirements.lock.tmp
 	mv requirements.lock.tmp requirements.lock; rm -f requirements.lock.new
+
+# nbgrader calls the `alembic` script by name when it creates a gradebook, so .venv/bin must be on PATH.
+exercises: $(STAMP)
+	cd exercises && for ps in ps1 ps2 ps3; do \
+		PATH="$(abspath $(BIN)):$$PATH" nbgrader generate_assignment $$ps --force || exit 1; \
+	done
+	$(BIN)/python tests/fixtures/grading/make_fixtures.py
 
 clean:
 	rm -rf build .pytest_cache
