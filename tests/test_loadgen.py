@@ -1,0 +1,132 @@
+"""Open-loop load generator: bounded, records every request, turns failures into rows, never hangs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from course_lib.batcher import DynamicBatcher
+from course_lib.loadgen import coroutine_target, run_open_loop, sustainable_rate
+from course_lib.simulator import poisson_arrivals_ms
+
+
+def run(coro, timeout_s: float = 20.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def instant(i):
+    await asyncio.sleep(0)
+    return {"echo": i}
+
+
+def test_every_scheduled_request_is_sent_once_and_recorded():
+    result = run(run_open_loop(instant, rate_rps=2000.0, n_requests=200, max_duration_s=10.0, seed=3))
+    req = result.requests
+    assert req["request_id"].tolist() == list(range(200))
+    assert req["ok"].all()
+    assert (req["echo"] == req["request_id"]).all()
+    assert (req["latency_ms"] >= 0).all()
+    summary = result.summary()
+    assert (summary["sent"], summary["ok"], summary["errors"]) == (200, 200, 0)
+
+
+def test_the_schedule_is_poisson_from_the_seed_and_starts_at_zero():
+    result = run(run_open_loop(instant, rate_rps=500.0, n_requests=50, max_duration_s=10.0, seed=11))
+    expected = poisson_arrivals_ms(500.0, 50, 11)
+    offsets = result.requests["scheduled_ms"].to_numpy()
+    np.testing.assert_allclose(offsets - offsets[0], expected - expected[0], atol=1e-6)
+
+
+def test_max_duration_bounds_the_run_before_the_count_does():
+    result = run(run_open_loop(instant, rate_rps=100.0, n_requests=100_000, max_duration_s=0.3, seed=0))
+    assert 0 < len(result.requests) < 100
+    assert result.planned == 100_000
+    assert result.requests["scheduled_ms"].max() <= 300.0 + 1.0
+
+
+def test_failures_and_timeouts_become_error_rows_not_exceptions():
+    async def flaky(i):
+        if i == 0:
+            await asyncio.sleep(60)  # never answers in time
+        if i % 2:
+            raise ConnectionError(f"refused {i}")
+        return None
+
+    result = run(
+        run_open_loop(
+            flaky, rate_rps=1000.0, n_requests=10, max_duration_s=5.0, seed=1, request_timeout_s=0.05
+        )
+    )
+    req = result.requests.set_index("request_id")
+    assert req.loc[0, "error"].startswith("TimeoutError: no answer within 0.05 s")
+    assert req.loc[1, "error"] == "ConnectionError: refused 1"
+    assert req.loc[2, "ok"]
+    assert np.isnan(req.loc[1, "latency_ms"])
+    assert result.summary()["errors"] == 6
+
+
+def test_coroutine_target_records_how_the_batcher_served_each_request():
+    async def main():
+        async with DynamicBatcher(
+            lambda xs: [x + 1 for x in xs], max_batch_size=16, max_queue_delay_ms=1.0, run_in_thread=False
+        ) as batcher:
+            send = coroutine_target(
+                batcher.submit, list(range(10)), fields=("value", "batch_size", "queue_wait_ms")
+            )
+            return await run_open_loop(send, rate_rps=2000.0, n_requests=100, max_duration_s=5.0, seed=2)
+
+    result = run(main())
+    req = result.requests
+    assert (req["value"] == req["request_id"] % 10 + 1).all()
+    assert req["batch_size"].between(1, 16).all()
+    summary = result.summary()
+    assert 1 <= summary["mean_batch_size"] <= 16
+    assert summary["p99_queue_wait_ms"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rate_rps": 0.0}, "rate_rps must be > 0"),
+        ({"max_duration_s": float("inf")}, "max_duration_s must be a finite number > 0"),
+        ({"n_requests": 0}, "n_requests must be an integer >= 1, got 0"),
+        ({"request_timeout_s": -1.0}, "request_timeout_s must be > 0"),
+    ],
+)
+def test_bad_load_parameters_are_rejected(kwargs, message):
+    params = {"rate_rps": 10.0, "n_requests": 10, "max_duration_s": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        run(run_open_loop(instant, **params))
+
+
+def test_targets_need_at_least_one_payload():
+    with pytest.raises(ValueError, match="items must hold at least one"):
+        coroutine_target(instant, [])
+
+
+def test_sustainable_rate_is_the_highest_rate_that_kept_up_within_the_p99_limit():
+    table = pd.DataFrame(
+        {
+            "offered_rps": [100.0, 200.0, 400.0, 800.0],
+            "achieved_rps": [100.0, 199.0, 395.0, 500.0],
+            "errors": [0, 0, 0, 0],
+            "p99_ms": [5.0, 8.0, 19.0, 900.0],
+        }
+    )
+    assert sustainable_rate(table, p99_limit_ms=20.0) == 400.0
+    assert sustainable_rate(table, p99_limit_ms=6.0) == 100.0
+    assert sustainable_rate(table, p99_limit_ms=1.0) == 0.0
+    with_errors = table.assign(errors=[0, 0, 3, 0])
+    assert sustainable_rate(with_errors, p99_limit_ms=20.0) == 200.0
+
+
+def test_sustainable_rate_reads_simulator_sweeps_too():
+    table = pd.DataFrame(
+        {"offered_rps": [100.0, 200.0], "throughput_rps": [100.0, 150.0], "p99_ms": [1.0, 2.0]}
+    )
+    assert sustainable_rate(table, p99_limit_ms=10.0, achieved_column="throughput_rps") == 100.0
+    with pytest.raises(ValueError, match="missing columns \\['achieved_rps'\\]"):
+        sustainable_rate(table, p99_limit_ms=10.0)
