@@ -189,6 +189,7 @@ def create_batching_app(
     max_queue_size: int = 2048,
     dedup: bool = True,
     instances: int = 1,
+    run_in_thread: bool = True,
 ) -> FastAPI:
     """A FastAPI app whose ``POST /predict`` goes through a dynamic batcher.
 
@@ -204,6 +205,9 @@ def create_batching_app(
         batching off: one model call per request, through the same queue.
     dedup : bool
         Score identical queued customers once.
+    run_in_thread : bool
+        Run the model call in a worker thread (default) or on the event loop; see
+        ``course_lib.batcher`` for the trade-off.
 
     Returns
     -------
@@ -236,6 +240,7 @@ def create_batching_app(
         max_queue_size=max_queue_size,
         dedup_key=customer_key if dedup else None,
         instances=instances,
+        run_in_thread=run_in_thread,
     )
     knobs = {
         "max_batch_size": batcher.max_batch_size,
@@ -244,6 +249,7 @@ def create_batching_app(
         "max_queue_size": batcher.max_queue_size,
         "dedup": dedup,
         "instances": batcher.instances,
+        "run_in_thread": batcher.run_in_thread,
     }
     model_version = str(churn_model.model_version)
 
@@ -305,10 +311,13 @@ def run_server(
     max_queue_delay_ms: float = 2.0,
     max_queue_size: int = 2048,
     dedup: bool = True,
+    run_in_thread: bool = True,
     lifetime_s: float = 300.0,
     startup_timeout_s: float = 60.0,
 ) -> Iterator[str]:
     """Start the batching server in a subprocess on 127.0.0.1 and yield its base URL.
+
+    The keyword arguments are those of ``create_batching_app``.
 
     The server exits by itself after ``lifetime_s`` seconds even if this process dies, and is
     stopped (SIGTERM, then SIGKILL after 10 s) when the ``with`` block ends.
@@ -332,7 +341,9 @@ def run_server(
         f"--max-queue-delay-ms={max_queue_delay_ms}",
         f"--max-queue-size={max_queue_size}",
         f"--lifetime-s={lifetime_s}",
-    ] + ([] if dedup else ["--no-dedup"])
+    ]
+    cmd += [] if dedup else ["--no-dedup"]
+    cmd += [] if run_in_thread else ["--model-on-event-loop"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     base_url = f"http://127.0.0.1:{port}"
@@ -373,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-queue-delay-ms", type=float, default=2.0)
     parser.add_argument("--max-queue-size", type=int, default=2048)
     parser.add_argument("--no-dedup", action="store_true")
+    parser.add_argument("--model-on-event-loop", action="store_true", help="no worker thread for the model")
     parser.add_argument("--lifetime-s", type=float, default=3600.0, help="exit by itself after this long")
     args = parser.parse_args(argv)
     app = create_batching_app(
@@ -381,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_queue_delay_ms=args.max_queue_delay_ms,
         max_queue_size=args.max_queue_size,
         dedup=not args.no_dedup,
+        run_in_thread=not args.model_on_event_loop,
     )
     watchdog = threading.Timer(args.lifetime_s, lambda: os.kill(os.getpid(), signal.SIGTERM))
     watchdog.daemon = True

@@ -21,6 +21,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,14 +32,21 @@ from course_lib.percentiles import percentiles
 from course_lib.simulator import poisson_arrivals_ms
 
 __all__ = [
+    "SERVED_FIELDS",
     "LoadResult",
+    "batcher_target",
+    "capacity_table",
     "coroutine_target",
+    "http_client_target",
     "http_target",
     "run_open_loop",
     "sustainable_rate",
+    "sweep_rates",
 ]
 
 Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
+#: What the batcher (and the batching server) report about how each request was served.
+SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,9 @@ class LoadResult:
     def summary(self) -> dict[str, float]:
         """Offered and achieved rates, error count and latency percentiles of the successful requests.
 
-        ``achieved_rps`` = successful answers / (last answer time - first scheduled time).
+        ``offered_rps`` = (sent - 1) / (last - first scheduled send time); ``achieved_rps`` =
+        (successful answers - 1) / (last - first answer time), the same kind of rate measured at the
+        other end, so the two agree when the target keeps up, however short the run.
         """
         req = self.requests
         sent = len(req)
@@ -75,9 +85,9 @@ class LoadResult:
             raise ValueError("no request was sent (max_duration_s shorter than the first gap?)")
         ok = req[req["ok"]]
         if len(ok):
-            last_ms = float((ok["scheduled_ms"] + ok["latency_ms"]).max())
-            span_ms = last_ms - float(req["scheduled_ms"].min())
-            achieved = 1000.0 * len(ok) / span_ms if span_ms > 0 else math.nan
+            done_ms = (ok["scheduled_ms"] + ok["latency_ms"]).to_numpy()
+            span_ms = float(done_ms.max() - done_ms.min())
+            achieved = 1000.0 * (len(ok) - 1) / span_ms if span_ms > 0 else math.nan
             lat = percentiles(ok["latency_ms"].to_numpy(), (50, 95, 99))
         else:
             achieved = 0.0
@@ -245,6 +255,52 @@ def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Itera
     return send
 
 
+def batcher_target(
+    score_batch: Callable[[list[Any]], Sequence[Any]],
+    items: Sequence[Any],
+    *,
+    fields: Iterable[str] = SERVED_FIELDS,
+    **batcher_kwargs: Any,
+) -> Callable[[], AbstractAsyncContextManager[Send]]:
+    """Factory for ``sweep_rates``: a fresh ``DynamicBatcher`` per run, in process (no HTTP).
+
+    Parameters
+    ----------
+    score_batch : the batch score function.
+    items : request payloads, sent round-robin.
+    fields : attributes of ``BatchedResult`` to record.
+    **batcher_kwargs : knobs of ``course_lib.batcher.DynamicBatcher`` (``max_batch_size``, ...).
+    """
+    from course_lib.batcher import DynamicBatcher
+
+    DynamicBatcher(score_batch, **batcher_kwargs)  # validate the knobs now, not mid-sweep
+    names = tuple(fields)
+
+    @asynccontextmanager
+    async def factory():
+        async with DynamicBatcher(score_batch, **batcher_kwargs) as batcher:
+            yield coroutine_target(batcher.submit, items, fields=names)
+
+    return factory
+
+
+def http_client_target(
+    url: str, payloads: Sequence[Any], *, fields: Iterable[str] = SERVED_FIELDS, max_connections: int = 256
+) -> Callable[[], AbstractAsyncContextManager[Send]]:
+    """Factory for ``sweep_rates``: a fresh ``httpx.AsyncClient`` per run, POSTing JSON to ``url``."""
+    import httpx
+
+    names = tuple(fields)
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+    @asynccontextmanager
+    async def factory():
+        async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+            yield http_target(client, url, payloads, fields=names)
+
+    return factory
+
+
 def sustainable_rate(
     table: pd.DataFrame,
     *,
@@ -286,3 +342,122 @@ def sustainable_rate(
         & (table[achieved_column] >= min_achieved_fraction * table["offered_rps"])
     ]
     return float(good["offered_rps"].max()) if len(good) else 0.0
+
+
+async def sweep_rates(
+    targets: Mapping[str, Callable[[], AbstractAsyncContextManager[Send]]],
+    rates_rps: Iterable[float],
+    *,
+    p99_limit_ms: float,
+    duration_s: float,
+    max_requests: int = 100_000,
+    seed: int = 0,
+    request_timeout_s: float | None = None,
+    warmup_requests: int = 20,
+    min_achieved_fraction: float = 0.95,
+) -> pd.DataFrame:
+    """Climb a ladder of offered rates for several targets side by side, until each one fails.
+
+    At every rate the targets take turns (A, B, A, B, ...), so slow drift of a shared machine hits
+    them alike. A target drops out at its first rate that misses the p99 limit, errors, or falls
+    behind; higher rates would only pile up a longer queue, so skipping them bounds the run.
+
+    Parameters
+    ----------
+    targets : mapping name -> zero-argument factory of an async context manager yielding ``send``
+        Each run enters a fresh context (e.g. a new ``DynamicBatcher`` or a new HTTP client) so runs
+        do not share a backlog.
+    rates_rps : iterable of float > 0, climbed in ascending order
+    p99_limit_ms : float > 0
+        The latency SLO a rate must meet.
+    duration_s : float > 0
+        Length of each run (``max_duration_s`` of ``run_open_loop``).
+    max_requests : int
+        Upper bound on requests per run.
+    seed : int
+        Arrival schedule seed (the same schedule for every target at a given rate).
+    request_timeout_s : float, optional
+        Give up on a request after this long; default 10 x the p99 limit (at least 0.5 s), which is
+        already a failure, so an overloaded run ends soon after ``duration_s``.
+    warmup_requests : int >= 0
+        Requests sent one at a time before each run and not recorded (thread pools, caches, sockets).
+    min_achieved_fraction : float
+        As in ``sustainable_rate``.
+
+    Returns
+    -------
+    DataFrame with ``target``, the ``LoadResult.summary()`` columns and ``met_slo`` (bool), one row
+    per run, in the order they ran.
+    """
+    limit = _check_positive("p99_limit_ms", p99_limit_ms)
+    timeout = request_timeout_s if request_timeout_s is not None else max(0.5, 10 * limit / 1000.0)
+    alive = list(targets)
+    rows = []
+    for rate in sorted(float(r) for r in rates_rps):
+        for name in list(alive):
+            async with targets[name]() as send:
+                for i in range(warmup_requests):
+                    await send(i)
+                result = await run_open_loop(
+                    send,
+                    rate_rps=rate,
+                    n_requests=max_requests,
+                    max_duration_s=duration_s,
+                    seed=seed,
+                    request_timeout_s=timeout,
+                )
+            row = {"target": name, **result.summary()}
+            row["met_slo"] = bool(
+                row["errors"] == 0
+                and row["p99_ms"] <= limit
+                and row["achieved_rps"] >= min_achieved_fraction * row["offered_rps"]
+            )
+            rows.append(row)
+            if not row["met_slo"]:
+                alive.remove(name)
+        if not alive:
+            break
+    return pd.DataFrame(rows)
+
+
+def capacity_table(sweep: pd.DataFrame, *, baseline: str) -> pd.DataFrame:
+    """Per target of a ``sweep_rates`` table: the highest rate that met the SLO and the gain over a baseline.
+
+    Parameters
+    ----------
+    sweep : output of ``sweep_rates`` (its ``met_slo`` column carries the SLO that was applied).
+    baseline : str
+        Target the ``gain`` column divides by (e.g. the one-call-per-request configuration).
+
+    Returns
+    -------
+    DataFrame indexed by target with ``sustained_rps`` (highest offered rate meeting the SLO; a lower
+    bound, since the true limit lies below the next rung), ``achieved_rps``, ``p99_ms`` and
+    ``mean_batch_size`` at that rate, ``first_failed_rps`` (next rung, NaN if none failed) and
+    ``gain`` (sustained_rps / baseline's; NaN if the baseline met the SLO at no rate, in which case
+    start the ladder lower).
+
+    Raises
+    ------
+    ValueError
+        If ``baseline`` is not a target of the sweep.
+    """
+    if baseline not in set(sweep["target"]):
+        raise ValueError(f"baseline {baseline!r} is not one of the targets {sorted(set(sweep['target']))}")
+    rows = {}
+    for name, runs in sweep.groupby("target", sort=False):
+        good = runs[runs["met_slo"]]
+        bad = runs[~runs["met_slo"]]
+        best = good.loc[good["offered_rps"].idxmax()] if len(good) else None
+        rows[name] = {
+            "sustained_rps": float(best["offered_rps"]) if best is not None else 0.0,
+            "achieved_rps": float(best["achieved_rps"]) if best is not None else math.nan,
+            "p99_ms": float(best["p99_ms"]) if best is not None else math.nan,
+            "mean_batch_size": float(best.get("mean_batch_size", math.nan)) if best is not None else math.nan,
+            "first_failed_rps": float(bad["rate_rps"].min()) if len(bad) else math.nan,
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "target"
+    base = table.loc[baseline, "sustained_rps"]
+    table["gain"] = table["sustained_rps"] / base if base > 0 else math.nan
+    return table

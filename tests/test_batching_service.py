@@ -18,7 +18,7 @@ from course_lib.batching_service import (
     run_server,
     to_payload,
 )
-from course_lib.loadgen import http_target, run_open_loop
+from course_lib.loadgen import capacity_table, http_client_target, http_target, run_open_loop, sweep_rates
 from course_lib.model import features
 
 
@@ -220,3 +220,19 @@ def test_open_loop_load_over_http_is_answered_in_full(live_server, payloads):
     assert summary["errors"] == 0
     assert summary["ok"] == len(result.requests)
     assert result.requests["batch_size"].between(1, 16).all()
+
+
+def test_a_rate_sweep_over_http_records_how_each_request_was_served(live_server, payloads):
+    sweep = run(
+        sweep_rates(
+            {"batched": lambda: http_client_target(live_server + "/predict", payloads)()},
+            [50.0],
+            p99_limit_ms=1000.0,
+            duration_s=0.5,
+            seed=2,
+        )
+    )
+    assert sweep["target"].tolist() == ["batched"]
+    assert sweep.loc[0, "errors"] == 0
+    assert 1 <= sweep.loc[0, "mean_batch_size"] <= 16
+    assert capacity_table(sweep, baseline="batched").loc["batched", "gain"] == 1.0

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from course_lib.batcher import DynamicBatcher
-from course_lib.loadgen import coroutine_target, run_open_loop, sustainable_rate
+from course_lib.loadgen import (
+    batcher_target,
+    capacity_table,
+    coroutine_target,
+    run_open_loop,
+    sustainable_rate,
+    sweep_rates,
+)
 from course_lib.simulator import poisson_arrivals_ms
 
 
@@ -130,3 +138,80 @@ def test_sustainable_rate_reads_simulator_sweeps_too():
     assert sustainable_rate(table, p99_limit_ms=10.0, achieved_column="throughput_rps") == 100.0
     with pytest.raises(ValueError, match="missing columns \\['achieved_rps'\\]"):
         sustainable_rate(table, p99_limit_ms=10.0)
+
+
+def test_sweep_climbs_the_ladder_side_by_side_and_drops_a_target_at_its_first_miss():
+    lock = asyncio.Lock()
+
+    async def serial_20ms(i):  # one request at a time, 20 ms each: about 50 requests/s at most
+        async with lock:
+            await asyncio.sleep(0.02)
+
+    @contextlib.asynccontextmanager
+    async def fast_factory():
+        yield instant
+
+    @contextlib.asynccontextmanager
+    async def slow_factory():
+        yield serial_20ms
+
+    sweep = run(
+        sweep_rates(
+            {"fast": fast_factory, "slow": slow_factory},
+            [160.0, 10.0, 80.0],
+            p99_limit_ms=200.0,
+            duration_s=0.5,
+            seed=5,
+            warmup_requests=2,
+        ),
+        timeout_s=60.0,
+    )
+    assert sweep["rate_rps"].tolist()[:4] == [10.0, 10.0, 80.0, 80.0]  # ascending, targets taking turns
+    assert sweep["target"].tolist()[:4] == ["fast", "slow", "fast", "slow"]
+    fast = sweep[sweep["target"] == "fast"]
+    slow = sweep[sweep["target"] == "slow"]
+    assert fast["met_slo"].all() and len(fast) == 3
+    assert slow["met_slo"].tolist() == [True, False]  # 80 requests/s overloads it; 160 is never tried
+    table = capacity_table(sweep, baseline="slow")
+    assert table.loc["slow", "first_failed_rps"] == 80.0
+    assert table.loc["fast", "gain"] == pytest.approx(
+        table.loc["fast", "sustained_rps"] / table.loc["slow", "sustained_rps"]
+    )
+
+
+def _sweep_rows(rows):
+    columns = ["target", "rate_rps", "offered_rps", "achieved_rps", "p99_ms", "mean_batch_size", "met_slo"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def test_capacity_table_reports_the_highest_rung_met_and_the_gain():
+    sweep = _sweep_rows(
+        [
+            ("one", 50.0, 49.0, 49.0, 20.0, 1.0, True),
+            ("many", 50.0, 49.0, 49.0, 22.0, 1.5, True),
+            ("one", 100.0, 101.0, 80.0, 900.0, 1.0, False),
+            ("many", 100.0, 101.0, 100.0, 30.0, 3.0, True),
+            ("many", 200.0, 198.0, 150.0, 700.0, 9.0, False),
+        ]
+    )
+    table = capacity_table(sweep, baseline="one")
+    assert table.loc["many", "sustained_rps"] == 101.0
+    assert table.loc["many", "first_failed_rps"] == 200.0
+    assert table.loc["many", "mean_batch_size"] == 3.0
+    assert table.loc["many", "gain"] == pytest.approx(101.0 / 49.0)
+    with pytest.raises(ValueError, match="baseline 'none' is not one of the targets"):
+        capacity_table(sweep, baseline="none")
+
+
+def test_capacity_table_gain_is_nan_when_the_baseline_never_met_the_slo():
+    sweep = _sweep_rows(
+        [("one", 50.0, 49.0, 10.0, 900.0, 1.0, False), ("many", 50.0, 49.0, 49.0, 9.0, 2.0, True)]
+    )
+    table = capacity_table(sweep, baseline="one")
+    assert table.loc["one", "sustained_rps"] == 0.0
+    assert np.isnan(table.loc["many", "gain"])
+
+
+def test_batcher_target_checks_the_knobs_before_any_run():
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
+        batcher_target(lambda xs: xs, [1], max_batch_size=0, max_queue_delay_ms=0.0)
