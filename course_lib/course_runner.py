@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r.name:<{width}} | {r.seconds:7.1f} | {r.status}")
     total = sum(r.seconds for r in results)
-    print(f"\n{len(results)} lessons, {total:.1f} s in all; executed copies and HTML in {args.out}/")
+    noun = "lesson" if len(results) == 1 else "lessons"
+    print(f"\n{len(results)} {noun}, {total:.1f} s in all; executed copies and HTML in {args.out}/")
     return 1 if any(r.failed for r in results) else 0
 
 

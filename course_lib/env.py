@@ -68,6 +68,7 @@ class EnvReport:
     onnxruntime_providers: list[str]
     packages: dict[str, str] = field(default_factory=dict)
     timestamp_utc: str = ""
+    load_average_1m: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -79,7 +80,13 @@ class EnvReport:
             f"cpu             {self.cpu}",
             f"cores           {self.usable_cores} usable of {self.logical_cores} logical",
             "threads         " + ", ".join(f"{k}={v}" for k, v in self.thread_env.items()),
-            "course pinning  XGBoost nthread=1, ONNX Runtime intra_op_num_threads=1 (unless a cell says otherwise)",
+            "course pinning  XGBoost nthread=1, ONNX Runtime intra_op_num_threads=1 unless stated otherwise",
+            f"load average    {self.load_average_1m:.2f} over the last minute"
+            + (
+                " (busy: other programs compete for the cores)"
+                if self.load_average_1m > 0.5 * self.usable_cores
+                else ""
+            ),
             "ORT providers   " + ", ".join(self.onnxruntime_providers),
         ]
         lines += [f"{name:<15} {ver}" for name, ver in self.packages.items()]
@@ -91,7 +98,7 @@ class EnvReport:
 
 
 def env_report() -> EnvReport:
-    """Collect Python and package versions, CPU model, core counts and thread settings.
+    """Collect Python and package versions, CPU model, core counts, thread settings and load average.
 
     Returns
     -------
@@ -116,4 +123,5 @@ def env_report() -> EnvReport:
         onnxruntime_providers=providers,
         packages=packages,
         timestamp_utc=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        load_average_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
     )

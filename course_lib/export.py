@@ -97,6 +97,9 @@ def pipeline_to_onnx(pipeline: Pipeline, *, target_opset: int = 17, ml_opset: in
         options={id(pipeline): {"zipmap": False}},
     )
     model.doc_string = "Telco churn: one-hot preprocessing + XGBoost (course_lib.export)"
+    model.graph.name = (
+        "telco_churn_pipeline"  # skl2onnx names graphs with a random uuid; keep files repeatable
+    )
     return model
 
 
@@ -114,16 +117,16 @@ def make_session(
     ----------
     model : ModelProto, serialized bytes, or path to a ``.onnx`` file.
     intra_op_num_threads, inter_op_num_threads : int
-        Threads inside one operator and across operators; >= 1. The course pins both to 1 so that
-        several processes on a 2-core laptop do not oversubscribe the cores (ONNX Runtime's default of
-        0 means "one per physical core").
+        Threads inside one operator and across operators; >= 0, where 0 means ONNX Runtime's own
+        default (one per physical core). The course pins both to 1 so that several processes on a
+        2-core laptop do not oversubscribe the cores.
     graph_optimization_level : {"disabled", "basic", "extended", "all"}
     providers : execution providers in priority order, e.g. ("CUDAExecutionProvider", "CPUExecutionProvider").
 
     Raises
     ------
     ValueError
-        For a thread count below 1, an unknown optimization level, or an unavailable provider.
+        For a negative or non-integer thread count, an unknown optimization level, or an unavailable provider.
     FileNotFoundError
         If ``model`` is a path that does not exist.
     """
@@ -131,8 +134,8 @@ def make_session(
         ("intra_op_num_threads", intra_op_num_threads),
         ("inter_op_num_threads", inter_op_num_threads),
     ):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0 (0 = ONNX Runtime's default), got {value!r}")
     if graph_optimization_level not in _GRAPH_LEVELS:
         raise ValueError(
             f"graph_optimization_level must be one of {sorted(_GRAPH_LEVELS)}, got {graph_optimization_level!r}"

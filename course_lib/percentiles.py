@@ -2,7 +2,9 @@
 
 ``nearest-rank`` (the default) returns an observed sample: the smallest value with at least q% of
 the samples at or below it, i.e. the value at 1-based rank ceil(q/100 x n) of the sorted samples
-(q = 0 gives the minimum). It equals numpy's ``method="inverted_cdf"``. ``linear`` is numpy's
+(q = 0 gives the minimum). It equals numpy's ``method="inverted_cdf"``, except where q/100 x n is a
+whole number that binary floating point nudges upward: there numpy goes one rank too high (p7 of
+100 samples gives the 8th smallest) and this function keeps the exact rank. ``linear`` is numpy's
 default interpolation, kept for comparison: it can report a latency no request ever had.
 
 References

@@ -7,7 +7,9 @@ import os
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MPLBACKEND", "Agg")
+# Lessons are stored with inline plots; a non-interactive MPLBACKEND (e.g. Agg) inherited by nbval's kernels
+# would make every plot cell produce no output and fail strict comparison.
+os.environ.pop("MPLBACKEND", None)
 
 
 @pytest.fixture(scope="session")

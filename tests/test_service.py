@@ -1,0 +1,302 @@
+"""The churn request pipeline in-process and behind a real uvicorn server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from course_lib.data import FEATURE_COLUMNS, ID_COLUMN, make_customers
+from course_lib.feature_store import CachedFeatureStore, FeatureStore, build_feature_store, make_lookup
+from course_lib.profiling import parse_server_timing
+from course_lib.server import serve_in_thread
+from course_lib.service import (
+    MAX_BODY_BYTES,
+    SERVER_STAGES,
+    STAGES,
+    ChurnClient,
+    ChurnService,
+    create_app,
+    native_forward,
+    onnx_forward,
+)
+
+N_CUSTOMERS = 5_000
+SEED = 11
+GOOD_ID = "SC-0000042"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("service_store")
+    with FeatureStore(build_feature_store(N_CUSTOMERS, SEED, folder=folder).path) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def expected_p(churn_model):
+    """Native churn probability of every customer of the test population, by id."""
+    frame = make_customers(N_CUSTOMERS, SEED)
+    p = churn_model.pipeline.predict_proba(frame[list(FEATURE_COLUMNS)])[:, 1]
+    return dict(zip(frame[ID_COLUMN], p, strict=True))
+
+
+@pytest.fixture(scope="module")
+def onnx_service(store, onnx_scorer, churn_model):
+    return ChurnService(
+        make_lookup(store, "indexed"),
+        onnx_forward(onnx_scorer),
+        model_version=churn_model.model_version,
+        lookup_mode="indexed",
+        runtime="onnx",
+    )
+
+
+@pytest.fixture(scope="module")
+def server(onnx_service):
+    with serve_in_thread(create_app(onnx_service), max_lifetime_s=300) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with ChurnClient(server.url, timeout_s=10) as c:
+        yield c
+
+
+def body_of(payload) -> bytes:
+    return json.dumps(payload).encode()
+
+
+# -- in-process ------------------------------------------------------------------------------
+def test_in_process_request_runs_four_server_stages_and_scores_like_the_native_model(
+    onnx_service, expected_p
+):
+    result = onnx_service.handle(body_of({"customer_id": GOOD_ID}), request_id="r1")
+    assert result.status_code == 200
+    answer = result.json()
+    assert answer["customer_id"] == GOOD_ID
+    assert answer["churn_probability"] == pytest.approx(expected_p[GOOD_ID], abs=1e-5)
+    assert answer["runtime"] == "onnx" and answer["lookup"] == "indexed"
+    assert list(result.profile.stages_ms) == list(SERVER_STAGES)
+    assert parse_server_timing(result.headers["server-timing"]).keys() == set(SERVER_STAGES)
+
+
+@pytest.mark.parametrize("mode", ["indexed", "unindexed", "cached"])
+def test_native_and_onnx_forward_agree_for_every_lookup_mode(
+    store, churn_model, onnx_scorer, expected_p, mode
+):
+    ids = store.sample_ids(5, seed=2)
+    lookup = make_lookup(store, mode)
+    for forward in (native_forward(churn_model.pipeline), onnx_forward(onnx_scorer)):
+        service = ChurnService(lookup, forward, model_version=churn_model.model_version)
+        for cid in ids:
+            answer = service.handle(body_of({"customer_id": cid})).json()
+            assert answer["churn_probability"] == pytest.approx(expected_p[cid], abs=1e-5)
+
+
+def test_native_forward_handles_a_customer_not_yet_billed(store, churn_model, onnx_scorer):
+    record = dict(store.get(GOOD_ID), total_charges=float("nan"), tenure=0)
+    native = native_forward(churn_model.pipeline)([record])
+    onnx = onnx_forward(onnx_scorer)([record])
+    assert native.shape == onnx.shape == (1,)
+    assert native[0] == pytest.approx(float(onnx[0]), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"\xff\xfe\x00", 400, "not valid JSON"),
+        (body_of({"customer_id": 42}), 422, "customer_id: Input should be a valid string"),
+        (body_of({}), 422, "customer_id: Field required"),
+        (body_of({"customer": GOOD_ID}), 422, "Extra inputs are not permitted"),
+        (body_of({"customer_id": "42"}), 422, "should match pattern"),
+        (body_of([GOOD_ID]), 422, "must be a JSON object"),
+        (body_of({"customer_id": "SC-0999999"}), 404, "not in the feature store"),
+        (b" " * (MAX_BODY_BYTES + 1), 413, "limit is"),
+    ],
+)
+def test_in_process_bad_requests_get_4xx_with_a_reason(onnx_service, body, status, reason):
+    result = onnx_service.handle(body)
+    assert result.status_code == status
+    assert reason in result.json()["message"]
+
+
+def test_refused_request_profiles_only_the_stages_that_ran(onnx_service):
+    result = onnx_service.handle(body_of({"customer_id": "SC-0999999"}))
+    assert list(result.profile.stages_ms) == ["parse", "lookup"]
+
+
+def test_model_returning_an_impossible_probability_is_a_500(store):
+    service = ChurnService(make_lookup(store, "indexed"), lambda records: np.array([1.5]), model_version="x")
+    result = service.handle(body_of({"customer_id": GOOD_ID}))
+    assert result.status_code == 500
+    assert "outside [0, 1]" in result.json()["message"]
+
+
+def test_handle_async_awaits_a_replaceable_forward(onnx_service):
+    seen = []
+
+    async def forward(records):
+        seen.append(len(records))
+        await asyncio.sleep(0)
+        return np.array([0.25])
+
+    result = asyncio.run(onnx_service.handle_async(body_of({"customer_id": GOOD_ID}), forward=forward))
+    assert result.status_code == 200
+    assert result.json()["churn_probability"] == 0.25
+    assert seen == [1]
+
+
+def test_lookup_and_forward_must_be_callables():
+    with pytest.raises(TypeError, match="callables"):
+        ChurnService(None, lambda r: r, model_version="x")
+
+
+# -- over HTTP, real uvicorn on 127.0.0.1 ------------------------------------------------------
+def assert_still_serving(client, expected_p, cid=GOOD_ID):
+    response, profile = client.score(cid)
+    assert response.status_code == 200
+    assert response.json()["churn_probability"] == pytest.approx(expected_p[cid], abs=1e-5)
+    return profile
+
+
+def test_server_listens_on_loopback_only(server):
+    assert server.host == "127.0.0.1"
+    assert server.url.startswith("http://127.0.0.1:")
+
+
+def test_good_request_returns_score_and_server_timing(client, expected_p):
+    response, profile = client.score(GOOD_ID)
+    assert response.status_code == 200
+    assert set(parse_server_timing(response.headers["server-timing"])) == set(SERVER_STAGES)
+    assert list(profile.stages_ms) == list(STAGES)
+    assert profile.stages_ms["transport"] > 0
+    assert response.json()["churn_probability"] == pytest.approx(expected_p[GOOD_ID], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        (b'{"customer_id": "SC-0000042"', 400, "not valid JSON"),
+        (body_of({"customer_id": 42}), 422, "valid string"),
+        (body_of({"customer_id": ["SC-0000042"]}), 422, "valid string"),
+        (body_of({}), 422, "Field required"),
+        (body_of({"customer_id": "SC-0999999"}), 404, "not in the feature store"),
+        (body_of({"customer_id": "x" * 1_000_000}), 413, "limit is 16384 bytes"),
+    ],
+    ids=["bad-json", "wrong-type-int", "wrong-type-list", "missing-field", "unknown-id", "1MB-body"],
+)
+def test_malformed_request_gets_4xx_with_reason_and_server_keeps_answering(
+    client, expected_p, body, status, reason
+):
+    response = client.post(body)
+    assert response.status_code == status
+    assert reason in response.json()["message"]
+    assert_still_serving(client, expected_p)
+
+
+def test_non_json_content_type_gets_415_and_server_keeps_answering(client, expected_p):
+    response = client.post(body_of({"customer_id": GOOD_ID}), content_type="text/plain")
+    assert response.status_code == 415
+    assert "application/json" in response.json()["message"]
+    assert_still_serving(client, expected_p)
+
+
+def test_oversized_chunked_body_without_length_gets_413(server, client, expected_p):
+    chunks = (b"x" * 65_536 for _ in range(16))  # 1 MiB, sent chunked (no Content-Length)
+    response = httpx.post(
+        f"{server.url}/score", content=chunks, headers={"content-type": "application/json"}, timeout=10
+    )
+    assert response.status_code == 413
+    assert "exceeds the limit" in response.json()["message"]
+    assert_still_serving(client, expected_p)
+
+
+def test_4xx_answers_carry_the_server_timing_of_the_stages_that_ran(client):
+    response = client.post(body_of({"customer_id": "SC-0999999"}))
+    assert list(parse_server_timing(response.headers["server-timing"])) == ["parse", "lookup"]
+
+
+def test_healthz_reports_the_model_version(server, churn_model):
+    answer = httpx.get(f"{server.url}/healthz", timeout=10).json()
+    assert answer == {"status": "ok", "model_version": churn_model.model_version}
+
+
+def test_many_sequential_requests_are_all_answered_correctly(client, store, expected_p):
+    for cid in store.sample_ids(30, seed=9):
+        assert_still_serving(client, expected_p, cid)
+
+
+def test_failing_forward_gives_a_500_and_the_server_keeps_serving(
+    store, churn_model, onnx_scorer, expected_p
+):
+    calls = {"n": 0}
+    good = onnx_forward(onnx_scorer)
+
+    async def flaky(records):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("model worker crashed")
+        return good(records)
+
+    service = ChurnService(make_lookup(store, "cached"), good, model_version=churn_model.model_version)
+    with (
+        serve_in_thread(create_app(service, forward=flaky), max_lifetime_s=60) as running,
+        ChurnClient(running.url) as c,
+    ):
+        response = c.post(body_of({"customer_id": GOOD_ID}))
+        assert response.status_code == 500
+        assert "RuntimeError: model worker crashed" in response.json()["message"]
+        assert_still_serving(c, expected_p)
+    assert calls["n"] == 2
+
+
+def test_cached_service_over_http_counts_hits(store, churn_model, onnx_scorer, expected_p):
+    cache = CachedFeatureStore(store)
+    service = ChurnService(
+        make_lookup(store, "cached", cache=cache), onnx_forward(onnx_scorer), model_version="v"
+    )
+    with serve_in_thread(create_app(service), max_lifetime_s=60) as running, ChurnClient(running.url) as c:
+        for _ in range(3):
+            assert_still_serving(c, expected_p)
+    assert (cache.hits, cache.misses) == (2, 1)
+
+
+# -- the server helper -----------------------------------------------------------------------
+def test_server_thread_is_stopped_when_the_block_ends(onnx_service):
+    with serve_in_thread(create_app(onnx_service), max_lifetime_s=60) as running:
+        assert running.running
+    assert not running.thread.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{running.url}/healthz", timeout=2)
+
+
+def test_server_stops_by_itself_after_its_lifetime(onnx_service):
+    with serve_in_thread(create_app(onnx_service), max_lifetime_s=0.3) as running:
+        deadline = time.monotonic() + 10
+        while running.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running.thread.is_alive()
+
+
+def test_server_without_tcp_nodelay_still_answers(onnx_service, expected_p):
+    with (
+        serve_in_thread(create_app(onnx_service), max_lifetime_s=60, tcp_nodelay=False) as running,
+        ChurnClient(running.url) as c,
+    ):
+        assert_still_serving(c, expected_p)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"port": 70000}, "port"), ({"port": -1}, "port"), ({"max_lifetime_s": 0}, "max_lifetime_s")],
+)
+def test_server_parameters_are_validated(onnx_service, kwargs, match):
+    with pytest.raises(ValueError, match=match), serve_in_thread(create_app(onnx_service), **kwargs):
+        pass
