@@ -1,27 +1,29 @@
-"""The churn model behind ``POST /predict`` with dynamic batching: FastAPI + uvicorn on 127.0.0.1.
+"""Dynamic batching in the Lesson 2 churn server: ``POST /predict`` through a ``DynamicBatcher``.
 
-Each request body carries one customer's 19 features (validated by pydantic; a bad body gets a 422
-that names the field). The handler hands the features to a ``course_lib.batcher.DynamicBatcher``,
-whose model call scores the whole batch with native XGBoost (the scikit-learn pipeline) or ONNX
-Runtime, and answers with the churn probability plus how the request was served: its queue wait,
-the model call's duration, the batch size, and whether it was de-duplicated. A full queue answers
-503 with ``Retry-After``; the server keeps serving.
+``create_batched_app`` takes the Lesson 2 app (``course_lib.service.create_app``: ``POST /score`` one
+model call per request, ``GET /healthz``) and adds ``POST /predict``. Its request body is the same
+(``{"customer_id": "SC-0000042"}``) and it runs the same stages (parse, feature lookup, forward,
+format, each timed into ``Server-Timing``), except that the forward stage submits the customer's
+features to a dynamic batcher, which scores many concurrent requests in one model call. The answer
+is the Lesson 2 answer plus how the request was served: ``queue_wait_ms``, ``service_ms`` (the
+model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplicated`` and ``trigger``.
+A full queue answers 503 with ``Retry-After``; the server keeps serving.
 
-Run it with ``python -m course_lib.batching_service --runtime xgboost --port 8000`` or, from code
-and lessons, with the ``run_server`` context manager, which starts it in a subprocess with a bounded
-lifetime and stops it on exit.
+``run_server`` starts such a server in a subprocess on 127.0.0.1 with a bounded lifetime, so a load
+generator in the calling process does not share its GIL; ``python -m course_lib.batching_service``
+does the same from a shell.
 
 References
 ----------
-FastAPI documentation, "Lifespan Events" and "Handling Errors"; uvicorn documentation, "Settings".
-Source lesson 004 ("Serving Models at Scale"): FastAPI batching server and request de-duplication.
+NVIDIA Triton Inference Server documentation, "Dynamic Batcher". FastAPI documentation, "Lifespan
+Events". Source lesson 004 ("Serving Models at Scale"): a FastAPI batching server.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import math
+import json
 import os
 import signal
 import socket
@@ -29,160 +31,139 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import Any, Literal
 
-import numpy as np
-import pandas as pd
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
-from course_lib.batcher import BatcherClosedError, BatchScoringError, DynamicBatcher, QueueFullError
-from course_lib.data import BINARY_COLUMNS, CATEGORICAL_LEVELS, FEATURE_COLUMNS, NUMERIC_COLUMNS
+from course_lib.batcher import (
+    BatchedResult,
+    BatcherClosedError,
+    BatchScoringError,
+    DynamicBatcher,
+    QueueFullError,
+)
+from course_lib.data import FEATURE_COLUMNS
+from course_lib.feature_store import (
+    DEFAULT_N_CUSTOMERS,
+    DEFAULT_SEED,
+    FeatureStore,
+    build_feature_store,
+    make_lookup,
+)
+from course_lib.service import (
+    MAX_BODY_BYTES,
+    ChurnService,
+    RequestError,
+    create_app,
+    native_forward,
+    onnx_forward,
+)
 
 __all__ = [
     "RUNTIMES",
-    "CustomerFeatures",
-    "PredictResponse",
-    "create_batching_app",
+    "churn_service",
+    "create_batched_app",
     "customer_key",
-    "make_record_scorer",
     "run_server",
-    "to_payload",
 ]
 
+#: The two model runtimes: the native scikit-learn + XGBoost pipeline, and ONNX Runtime.
 RUNTIMES: tuple[str, ...] = ("xgboost", "onnxruntime")
 Runtime = Literal["xgboost", "onnxruntime"]
 
 
-def _feature_fields() -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for name in FEATURE_COLUMNS:
-        if name in CATEGORICAL_LEVELS:
-            fields[name] = (Literal[CATEGORICAL_LEVELS[name]], ...)
-        elif name in BINARY_COLUMNS:
-            fields[name] = (Annotated[int, Field(ge=0, le=1, strict=True)], ...)
-        elif name == "tenure":
-            fields[name] = (Annotated[int, Field(ge=0, le=1200)], ...)
-        else:  # charges in US dollars; null = unknown (new customers have no total yet)
-            fields[name] = (Annotated[float, Field(ge=0, allow_inf_nan=False)] | None, ...)
-    return fields
-
-
-#: The request body: one customer's 19 model features, unknown fields rejected.
-CustomerFeatures = create_model(
-    "CustomerFeatures",
-    __config__=ConfigDict(extra="forbid"),
-    __doc__="One customer's 19 churn-model features (course_lib.data.FEATURE_COLUMNS).",
-    **_feature_fields(),
-)
-
-
-class PredictResponse(BaseModel):
-    """The answer: a churn probability and how the batcher served this request."""
-
-    churn_probability: float
-    runtime: str
-    model_version: str
-    queue_wait_ms: float
-    service_ms: float
-    batch_size: int
-    batch_requests: int
-    deduplicated: bool
-    trigger: str
-
-
-def to_payload(features: pd.DataFrame) -> list[dict[str, Any]]:
-    """Rows of a features DataFrame as JSON-ready request bodies (NaN -> None, numpy -> Python types).
-
-    Parameters
-    ----------
-    features : DataFrame with the 19 ``FEATURE_COLUMNS`` (e.g. ``course_lib.model.features(df)``).
-
-    Returns
-    -------
-    list of dict, one per row, key order ``FEATURE_COLUMNS``.
-
-    Raises
-    ------
-    ValueError
-        If a feature column is missing.
-    """
-    missing = [c for c in FEATURE_COLUMNS if c not in features.columns]
-    if missing:
-        raise ValueError(f"features is missing columns {missing}")
-    out = []
-    for row in features[list(FEATURE_COLUMNS)].astype(object).itertuples(index=False, name=None):
-        record = {}
-        for name, value in zip(FEATURE_COLUMNS, row, strict=True):
-            if isinstance(value, float) and math.isnan(value):
-                value = None
-            elif isinstance(value, np.integer):
-                value = int(value)
-            elif isinstance(value, np.floating):
-                value = None if np.isnan(value) else float(value)
-            record[name] = value
-        out.append(record)
-    return out
-
-
 def customer_key(record: Mapping[str, Any]) -> Hashable:
-    """De-duplication key: the 19 feature values in column order (two equal keys, one model row)."""
+    """De-duplication key: the 19 feature values in column order (equal keys share one model row)."""
     return tuple(record[name] for name in FEATURE_COLUMNS)
 
 
-def make_record_scorer(
-    runtime: Runtime, *, pipeline: Any = None, onnx_scorer: Any = None
-) -> Callable[[Sequence[Mapping[str, Any]]], np.ndarray]:
-    """A batch score function over request records (dicts of the 19 features) for one runtime.
+def churn_service(
+    runtime: Runtime = "xgboost",
+    *,
+    lookup_mode: str = "cached",
+    n_customers: int = DEFAULT_N_CUSTOMERS,
+    seed: int = DEFAULT_SEED,
+    store_folder: str | Path | None = None,
+    churn_model: Any = None,
+    onnx_scorer: Any = None,
+) -> ChurnService:
+    """The Lesson 2 ``ChurnService`` for one runtime, over the (built-or-reused) feature store.
 
     Parameters
     ----------
     runtime : {"xgboost", "onnxruntime"}
-        ``xgboost``: build a DataFrame from the records and call the scikit-learn pipeline's
-        ``predict_proba`` (one-hot encoding + native XGBoost). ``onnxruntime``: build feeds with
-        ``OnnxChurnScorer.feeds_from_records`` and run the session.
-    pipeline : fitted sklearn Pipeline, required for ``xgboost``.
-    onnx_scorer : course_lib.export.OnnxChurnScorer, required for ``onnxruntime``.
-
-    Returns
-    -------
-    callable records -> float array of churn probabilities, shape (len(records),)
+        Model-forward stage: ``course_lib.service.native_forward`` or ``onnx_forward``.
+    lookup_mode : {"indexed", "unindexed", "cached"}
+        Feature lookup (``course_lib.feature_store.make_lookup``).
+    n_customers, seed, store_folder
+        Population of the feature store (``FeatureStore.open``; built on first use).
+    churn_model : course_lib.model.ChurnModel, optional
+        Default ``load_or_train_churn_model()``.
+    onnx_scorer : OnnxChurnScorer, optional
+        Reused for ``onnxruntime`` if given, else built from ``churn_model``.
 
     Raises
     ------
     ValueError
-        Unknown runtime, or the model object it needs is missing.
+        Unknown runtime or lookup mode.
     """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    if churn_model is None:
+        from course_lib.model import load_or_train_churn_model
+
+        churn_model = load_or_train_churn_model()
     if runtime == "xgboost":
-        if pipeline is None:
-            raise ValueError("runtime 'xgboost' needs pipeline= (e.g. ChurnModel.pipeline)")
-        columns = list(FEATURE_COLUMNS)
-
-        def score_native(records: Sequence[Mapping[str, Any]]) -> np.ndarray:
-            frame = pd.DataFrame.from_records(list(records), columns=columns)
-            for name in NUMERIC_COLUMNS:
-                frame[name] = pd.to_numeric(frame[name], errors="raise").astype(float)
-            return pipeline.predict_proba(frame)[:, 1]
-
-        return score_native
-    if runtime == "onnxruntime":
+        forward = native_forward(churn_model.pipeline)
+    else:
         if onnx_scorer is None:
-            raise ValueError("runtime 'onnxruntime' needs onnx_scorer= (an OnnxChurnScorer)")
+            from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 
-        def score_onnx(records: Sequence[Mapping[str, Any]]) -> np.ndarray:
-            return onnx_scorer.run(onnx_scorer.feeds_from_records(list(records)))
+            onnx_scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
+        forward = onnx_forward(onnx_scorer)
+    store = FeatureStore.open(n_customers, seed, folder=store_folder)
+    return ChurnService(
+        make_lookup(store, lookup_mode),
+        forward,
+        model_version=str(churn_model.model_version),
+        lookup_mode=lookup_mode,
+        runtime=runtime,
+    )
 
-        return score_onnx
-    raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+
+def _refuse(err: RequestError, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(err.body(), status_code=err.status_code, media_type="application/json", headers=headers)
 
 
-def create_batching_app(
-    runtime: Runtime = "xgboost",
+async def _read_body(request: Request) -> bytes:
+    """The request body, refusing a non-JSON content type (415) or more than ``MAX_BODY_BYTES`` (413)."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise RequestError(
+            415, "unsupported_media_type", f"Content-Type must be application/json, got {content_type!r}"
+        )
+    declared = request.headers.get("content-length", "")
+    too_large = RequestError(
+        413, "body_too_large", f"request body exceeds the limit of {MAX_BODY_BYTES} bytes"
+    )
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_batched_app(
+    service: ChurnService,
     *,
-    churn_model: Any = None,
-    onnx_scorer: Any = None,
     max_batch_size: int = 64,
     max_queue_delay_ms: float = 2.0,
     preferred_batch_sizes: Sequence[int] = (),
@@ -191,49 +172,34 @@ def create_batching_app(
     instances: int = 1,
     run_in_thread: bool = True,
 ) -> FastAPI:
-    """A FastAPI app whose ``POST /predict`` goes through a dynamic batcher.
+    """The Lesson 2 app plus ``POST /predict``, whose model-forward stage goes through a dynamic batcher.
 
     Parameters
     ----------
-    runtime : {"xgboost", "onnxruntime"}
-    churn_model : course_lib.model.ChurnModel, optional
-        Defaults to ``load_or_train_churn_model()``; the ONNX session is built from it when needed.
-    onnx_scorer : OnnxChurnScorer, optional
-        Reused if given (runtime ``onnxruntime``).
-    max_batch_size, max_queue_delay_ms, preferred_batch_sizes, max_queue_size, instances
-        The batcher's knobs (``course_lib.batcher.DynamicBatcher``). ``max_batch_size=1`` turns
-        batching off: one model call per request, through the same queue.
+    service : course_lib.service.ChurnService
+        Its ``forward`` (records -> probabilities) is the batcher's batch score function.
+    max_batch_size, max_queue_delay_ms, preferred_batch_sizes, max_queue_size, instances, run_in_thread
+        Knobs of ``course_lib.batcher.DynamicBatcher``. ``max_batch_size=1`` turns batching off: one
+        model call per request, through the same queue and thread.
     dedup : bool
-        Score identical queued customers once.
-    run_in_thread : bool
-        Run the model call in a worker thread (default) or on the event loop; see
-        ``course_lib.batcher`` for the trade-off.
+        Score identical customers waiting in the queue together once.
 
     Returns
     -------
-    FastAPI app with ``POST /predict`` (body: ``CustomerFeatures``; answer: ``PredictResponse``;
-    422 for a bad body, 503 + ``Retry-After`` when the queue is full or the server is stopping, 500
-    if the model call failed), ``GET /healthz`` (runtime, model version, knobs) and ``GET /stats``
-    (the batcher's counters).
+    FastAPI app with the Lesson 2 routes (``POST /score``, ``GET /healthz``) and
+    ``POST /predict``: 200 with the Lesson 2 answer plus ``queue_wait_ms``, ``service_ms``,
+    ``batch_size``, ``batch_requests``, ``deduplicated``, ``trigger``; the Lesson 2 4xx for a bad
+    body or unknown customer (400, 404, 413, 415, 422); 503 + ``Retry-After: 1`` when the queue is
+    full or the server is stopping; 500 naming the error if the model call failed.
+    ``GET /batcher`` reports the knobs and the batcher's counters.
 
     Raises
     ------
     ValueError
-        Unknown runtime or a batcher knob out of range (raised here, before serving starts).
+        A batcher knob out of range (raised here, before serving starts).
     """
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-    if churn_model is None:
-        from course_lib.model import load_or_train_churn_model
-
-        churn_model = load_or_train_churn_model()
-    if runtime == "onnxruntime" and onnx_scorer is None:
-        from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-
-        onnx_scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
-    score = make_record_scorer(runtime, pipeline=churn_model.pipeline, onnx_scorer=onnx_scorer)
     batcher: DynamicBatcher = DynamicBatcher(
-        score,
+        service.forward,
         max_batch_size=max_batch_size,
         max_queue_delay_ms=max_queue_delay_ms,
         preferred_batch_sizes=preferred_batch_sizes,
@@ -251,48 +217,61 @@ def create_batching_app(
         "instances": batcher.instances,
         "run_in_thread": batcher.run_in_thread,
     }
-    model_version = str(churn_model.model_version)
+    app = create_app(service)
+    app.state.batcher = batcher
+    inner_lifespan = app.router.lifespan_context
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        await batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop(drain=False)
+    async def lifespan(app_: FastAPI):
+        async with inner_lifespan(app_) as state:
+            await batcher.start()
+            try:
+                yield state
+            finally:
+                await batcher.stop(drain=False)
 
-    app = FastAPI(title="Churn scoring with dynamic batching", lifespan=lifespan)
-    app.state.batcher = batcher
+    app.router.lifespan_context = lifespan
 
-    @app.post("/predict", response_model=PredictResponse)
-    async def predict(customer: CustomerFeatures) -> dict[str, Any]:  # type: ignore[valid-type]
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
         try:
-            result = await batcher.submit(customer.model_dump())
+            body = await _read_body(request)
+        except RequestError as err:
+            return _refuse(err, {"connection": "close"})
+        served: list[BatchedResult] = []
+
+        async def batched_forward(records: list[dict[str, object]]) -> list[object]:
+            result = await batcher.submit(records[0])
+            served.append(result)
+            return [result.value]
+
+        try:
+            out = await service.handle_async(body, forward=batched_forward)
         except QueueFullError as exc:
-            raise HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": "1"}) from None
+            return _refuse(RequestError(503, "queue_full", str(exc)), {"retry-after": "1"})
         except BatcherClosedError as exc:
-            raise HTTPException(status_code=503, detail=str(exc)) from None
+            return _refuse(RequestError(503, "shutting_down", str(exc)), {"retry-after": "1"})
         except BatchScoringError as exc:
-            raise HTTPException(status_code=500, detail=str(exc)) from None
-        return {
-            "churn_probability": float(result.value),
-            "runtime": runtime,
-            "model_version": model_version,
-            "queue_wait_ms": result.queue_wait_ms,
-            "service_ms": result.service_ms,
-            "batch_size": result.batch_size,
-            "batch_requests": result.batch_requests,
-            "deduplicated": result.deduplicated,
-            "trigger": result.trigger,
-        }
+            return _refuse(RequestError(500, "model_error", str(exc)))
+        except Exception as exc:  # a failing stage must not take the server down
+            return _refuse(RequestError(500, "internal_error", f"{type(exc).__name__}: {exc}"))
+        if out.status_code != 200 or not served:
+            return Response(out.body, status_code=out.status_code, headers=out.headers)
+        result = served[0]
+        answer = json.loads(out.body)
+        answer.update(
+            queue_wait_ms=round(result.queue_wait_ms, 4),
+            service_ms=round(result.service_ms, 4),
+            batch_size=result.batch_size,
+            batch_requests=result.batch_requests,
+            deduplicated=result.deduplicated,
+            trigger=result.trigger,
+        )
+        return Response(json.dumps(answer).encode(), status_code=200, headers=out.headers)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "runtime": runtime, "model_version": model_version, **knobs}
-
-    @app.get("/stats")
-    async def stats() -> dict[str, int]:
-        return batcher.stats.as_dict()
+    @app.get("/batcher")
+    async def batcher_state() -> dict[str, Any]:
+        return {**knobs, "queue_len": batcher.queue_len, "stats": batcher.stats.as_dict()}
 
     return app
 
@@ -307,6 +286,10 @@ def _free_port() -> int:
 def run_server(
     runtime: Runtime = "xgboost",
     *,
+    lookup_mode: str = "cached",
+    n_customers: int = DEFAULT_N_CUSTOMERS,
+    seed: int = DEFAULT_SEED,
+    store_folder: str | Path | None = None,
     max_batch_size: int = 64,
     max_queue_delay_ms: float = 2.0,
     max_queue_size: int = 2048,
@@ -315,12 +298,12 @@ def run_server(
     lifetime_s: float = 300.0,
     startup_timeout_s: float = 60.0,
 ) -> Iterator[str]:
-    """Start the batching server in a subprocess on 127.0.0.1 and yield its base URL.
+    """Start the batched churn server in a subprocess on 127.0.0.1 and yield its base URL.
 
-    The keyword arguments are those of ``create_batching_app``.
-
-    The server exits by itself after ``lifetime_s`` seconds even if this process dies, and is
-    stopped (SIGTERM, then SIGKILL after 10 s) when the ``with`` block ends.
+    The keyword arguments are those of ``churn_service`` and ``create_batched_app``. The feature
+    store is built here first (once), not by each server. The server exits by itself after
+    ``lifetime_s`` seconds even if this process dies, and is stopped (SIGTERM, then SIGKILL after
+    10 s) when the ``with`` block ends.
 
     Raises
     ------
@@ -330,6 +313,7 @@ def run_server(
     """
     import httpx
 
+    store = build_feature_store(n_customers, seed, folder=store_folder)
     port = _free_port()
     cmd = [
         sys.executable,
@@ -337,6 +321,10 @@ def run_server(
         "course_lib.batching_service",
         f"--runtime={runtime}",
         f"--port={port}",
+        f"--lookup={lookup_mode}",
+        f"--n-customers={n_customers}",
+        f"--seed={seed}",
+        f"--store-folder={store.path.parent}",
         f"--max-batch-size={max_batch_size}",
         f"--max-queue-delay-ms={max_queue_delay_ms}",
         f"--max-queue-size={max_queue_size}",
@@ -374,12 +362,16 @@ def run_server(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: serve the batching app with uvicorn on 127.0.0.1 for a bounded time."""
+    """Command line: serve the batched churn app with uvicorn on 127.0.0.1 for a bounded time."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Churn scoring with dynamic batching on 127.0.0.1")
     parser.add_argument("--runtime", choices=RUNTIMES, default="xgboost")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--lookup", default="cached", help="indexed, unindexed or cached")
+    parser.add_argument("--n-customers", type=int, default=DEFAULT_N_CUSTOMERS)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--store-folder", default=None)
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-queue-delay-ms", type=float, default=2.0)
     parser.add_argument("--max-queue-size", type=int, default=2048)
@@ -387,8 +379,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model-on-event-loop", action="store_true", help="no worker thread for the model")
     parser.add_argument("--lifetime-s", type=float, default=3600.0, help="exit by itself after this long")
     args = parser.parse_args(argv)
-    app = create_batching_app(
+    service = churn_service(
         args.runtime,
+        lookup_mode=args.lookup,
+        n_customers=args.n_customers,
+        seed=args.seed,
+        store_folder=args.store_folder,
+    )
+    app = create_batched_app(
+        service,
         max_batch_size=args.max_batch_size,
         max_queue_delay_ms=args.max_queue_delay_ms,
         max_queue_size=args.max_queue_size,

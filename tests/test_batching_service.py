@@ -1,34 +1,49 @@
-"""The batched /predict endpoint: in-process through ASGI, and the real uvicorn server on 127.0.0.1."""
+"""POST /predict behind the dynamic batcher: in-process through ASGI, and the real uvicorn server on 127.0.0.1."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
-from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
 
-from course_lib.batching_service import (
-    create_batching_app,
-    customer_key,
-    make_record_scorer,
-    run_server,
-    to_payload,
-)
+from course_lib.batching_service import churn_service, create_batched_app, customer_key, run_server
+from course_lib.feature_store import FeatureStore, customer_id, make_lookup
 from course_lib.loadgen import capacity_table, http_client_target, http_target, run_open_loop, sweep_rates
-from course_lib.model import features
+from course_lib.service import ChurnService, native_forward
+
+N_CUSTOMERS = 2000
 
 
 @pytest.fixture(scope="module")
-def payloads(telco):
-    return to_payload(features(telco.head(64)))
+def store_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("feature_store")
+
+
+@pytest.fixture(scope="module")
+def store(store_folder):
+    return FeatureStore.open(N_CUSTOMERS, 0, folder=store_folder)
+
+
+@pytest.fixture(scope="module")
+def service(churn_model, store_folder):
+    return churn_service(
+        "xgboost",
+        lookup_mode="indexed",
+        n_customers=N_CUSTOMERS,
+        store_folder=store_folder,
+        churn_model=churn_model,
+    )
 
 
 def run(coro, timeout_s: float = 30.0):
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def body(index: int) -> dict[str, str]:
+    return {"customer_id": customer_id(index, N_CUSTOMERS)}
 
 
 async def call_app(app, requests):
@@ -36,178 +51,184 @@ async def call_app(app, requests):
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await asyncio.gather(*(client.request(m, p, json=body) for m, p, body in requests))
+            return await asyncio.gather(*(client.request(m, p, json=b) for m, p, b in requests))
 
 
-def features_from(records):
-    """The DataFrame the native pipeline expects, rebuilt from JSON records."""
-    import pandas as pd
-
-    from course_lib.data import FEATURE_COLUMNS
-
-    frame = pd.DataFrame.from_records(records, columns=list(FEATURE_COLUMNS))
-    frame["total_charges"] = frame["total_charges"].astype(float)
-    return frame
-
-
-def test_payloads_are_json_ready_with_missing_charges_as_null(telco):
-    frame = features(telco.head(3)).copy()
-    frame.loc[frame.index[0], "total_charges"] = np.nan
-    records = to_payload(frame)
-    assert records[0]["total_charges"] is None
-    assert isinstance(records[1]["tenure"], int)
-    json.dumps(records)  # serialisable as is
-    assert customer_key(records[1]) == customer_key(dict(records[1]))
+def test_predict_answers_like_score_plus_how_the_request_was_batched(service, store, churn_model):
+    app = create_batched_app(service, max_batch_size=8, max_queue_delay_ms=20.0)
+    *predictions, score = run(
+        call_app(app, [("POST", "/predict", body(i)) for i in range(1, 9)] + [("POST", "/score", body(1))])
+    )
+    assert [r.status_code for r in predictions] == [200] * 8
+    answers = [r.json() for r in predictions]
+    records = [store.get(a["customer_id"]) for a in answers]
+    expected = native_forward(churn_model.pipeline)(records)
+    np.testing.assert_allclose([a["churn_probability"] for a in answers], expected, atol=1e-6)
+    assert {a["batch_size"] for a in answers} == {8}
+    assert all(a["queue_wait_ms"] >= 0 and a["service_ms"] >= 0 for a in answers)
+    assert set(score.json()) <= set(answers[0])  # the Lesson 2 answer, extended
+    assert answers[0]["churn_probability"] == score.json()["churn_probability"]
+    assert "forward;dur=" in predictions[0].headers["server-timing"]
 
 
-@pytest.mark.parametrize("runtime", ["xgboost", "onnxruntime"])
-def test_record_scorers_match_the_pipeline_on_the_same_customers(runtime, churn_model, onnx_scorer, telco):
-    X = features(telco.head(50))
-    score = make_record_scorer(runtime, pipeline=churn_model.pipeline, onnx_scorer=onnx_scorer)
-    np.testing.assert_allclose(score(to_payload(X)), churn_model.pipeline.predict_proba(X)[:, 1], atol=1e-5)
-
-
-def test_unknown_runtime_is_rejected():
-    with pytest.raises(
-        ValueError, match="runtime must be one of \\('xgboost', 'onnxruntime'\\), got 'torch'"
-    ):
-        make_record_scorer("torch", pipeline=object())
-
-
-def test_predict_answers_with_the_score_and_how_it_was_batched(churn_model, payloads):
-    app = create_batching_app("xgboost", churn_model=churn_model, max_batch_size=8, max_queue_delay_ms=20.0)
-    responses = run(call_app(app, [("POST", "/predict", body) for body in payloads[:8]]))
-    assert [r.status_code for r in responses] == [200] * 8
-    bodies = [r.json() for r in responses]
-    expected = churn_model.pipeline.predict_proba(features_from(payloads[:8]))[:, 1]
-    np.testing.assert_allclose([b["churn_probability"] for b in bodies], expected, atol=1e-6)
-    assert {b["batch_size"] for b in bodies} == {8}
-    assert all(b["queue_wait_ms"] >= 0 and b["model_version"] == churn_model.model_version for b in bodies)
-
-
-def test_identical_customers_waiting_together_are_scored_once(churn_model, payloads):
-    app = create_batching_app("xgboost", churn_model=churn_model, max_batch_size=16, max_queue_delay_ms=20.0)
-    requests = [("POST", "/predict", payloads[0])] * 5 + [
-        ("POST", "/predict", payloads[1]),
-        ("GET", "/stats", None),
+def test_identical_customers_waiting_together_are_scored_once(service):
+    app = create_batched_app(service, max_batch_size=16, max_queue_delay_ms=20.0)
+    requests = [("POST", "/predict", body(7))] * 5 + [
+        ("POST", "/predict", body(8)),
+        ("GET", "/batcher", None),
     ]
-    *predictions, stats = run(call_app(app, requests))
-    bodies = [r.json() for r in predictions]
-    assert sum(b["deduplicated"] for b in bodies) == 4
-    assert {(b["batch_size"], b["batch_requests"]) for b in bodies} == {(2, 6)}
-    assert len({b["churn_probability"] for b in bodies[:5]}) == 1
-    assert stats.json()["deduplicated"] == 4
+    *predictions, state = run(call_app(app, requests))
+    answers = [r.json() for r in predictions]
+    assert sum(a["deduplicated"] for a in answers) == 4
+    assert {(a["batch_size"], a["batch_requests"]) for a in answers} == {(2, 6)}
+    assert len({a["churn_probability"] for a in answers[:5]}) == 1
+    assert state.json()["stats"]["deduplicated"] == 4
+    assert state.json()["max_batch_size"] == 16
 
 
 @pytest.mark.parametrize(
-    ("change", "field"),
+    ("payload", "status", "error"),
     [
-        ({"contract": "Weekly"}, "contract"),
-        ({"tenure": "twelve"}, "tenure"),
-        ({"female": 2}, "female"),
-        ({"monthly_charges": -5.0}, "monthly_charges"),
-        ({"shoe_size": 42}, "shoe_size"),
+        ({"customer_id": "SC-9999999"}, 404, "not_found"),
+        ({"customer_id": 42}, 422, "invalid_request"),
+        ({"customer": "SC-0000001"}, 422, "invalid_request"),
     ],
 )
-def test_a_bad_body_gets_422_naming_the_field_and_the_server_keeps_serving(
-    churn_model, payloads, change, field
-):
-    app = create_batching_app("xgboost", churn_model=churn_model, max_batch_size=4, max_queue_delay_ms=0.0)
-    bad, good = run(
-        call_app(app, [("POST", "/predict", {**payloads[0], **change}), ("POST", "/predict", payloads[0])])
-    )
-    assert bad.status_code == 422
-    assert field in {str(part) for err in bad.json()["detail"] for part in err["loc"]}
+def test_a_bad_request_gets_the_lesson_2_error_and_the_server_keeps_serving(service, payload, status, error):
+    app = create_batched_app(service, max_batch_size=4, max_queue_delay_ms=0.0)
+    bad, good = run(call_app(app, [("POST", "/predict", payload), ("POST", "/predict", body(3))]))
+    assert (bad.status_code, bad.json()["error"]) == (status, error)
     assert good.status_code == 200
 
 
-def test_a_missing_field_gets_422(churn_model, payloads):
-    app = create_batching_app(
-        "onnxruntime", churn_model=churn_model, max_batch_size=4, max_queue_delay_ms=0.0
-    )
-    body = {k: v for k, v in payloads[0].items() if k != "tenure"}
-    (response,) = run(call_app(app, [("POST", "/predict", body)]))
-    assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "tenure"]
-
-
-def test_a_full_queue_answers_503_with_retry_after_and_nothing_is_lost(payloads):
-    gate = threading.Event()
-
-    class SlowPipeline:
-        def predict_proba(self, frame):
-            gate.wait(10)
-            return np.column_stack([np.zeros(len(frame)), np.full(len(frame), 0.5)])
-
-    fake_model = SimpleNamespace(pipeline=SlowPipeline(), model_version="fake")
-    app = create_batching_app(
-        "xgboost",
-        churn_model=fake_model,
-        max_batch_size=8,
-        max_queue_delay_ms=0.0,
-        max_queue_size=1,
-        dedup=False,
-    )
+def test_wrong_content_type_and_oversized_bodies_are_refused(service):
+    app = create_batched_app(service, max_batch_size=4, max_queue_delay_ms=0.0)
 
     async def main():
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                first = asyncio.create_task(client.post("/predict", json=payloads[0]))
+                not_json = await client.post(
+                    "/predict", content=b"customer_id=1", headers={"content-type": "text/plain"}
+                )
+                huge = await client.post(
+                    "/predict", content=b"x" * 100_000, headers={"content-type": "application/json"}
+                )
+                broken = await client.post(
+                    "/predict", content=b"{oops", headers={"content-type": "application/json"}
+                )
+                return not_json, huge, broken
+
+    not_json, huge, broken = run(main())
+    assert (not_json.status_code, not_json.json()["error"]) == (415, "unsupported_media_type")
+    assert (huge.status_code, huge.json()["error"]) == (413, "body_too_large")
+    assert (broken.status_code, broken.json()["error"]) == (400, "bad_json")
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_nothing_is_lost(store):
+    gate = threading.Event()
+
+    def slow_forward(records):
+        gate.wait(10)
+        return np.full(len(records), 0.5)
+
+    slow = ChurnService(make_lookup(store, "indexed"), slow_forward, model_version="fake")
+    app = create_batched_app(slow, max_batch_size=8, max_queue_delay_ms=0.0, max_queue_size=1, dedup=False)
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                first = asyncio.create_task(client.post("/predict", json=body(1)))
                 await asyncio.sleep(0.2)  # first is in the model call
-                second = asyncio.create_task(client.post("/predict", json=payloads[1]))
+                second = asyncio.create_task(client.post("/predict", json=body(2)))
                 await asyncio.sleep(0.2)  # second waits in the queue
-                rejected = await client.post("/predict", json=payloads[2])
+                rejected = await client.post("/predict", json=body(3))
                 gate.set()
                 answered = [await first, await second]
-                stats = (await client.get("/stats")).json()
-                return rejected, answered, stats
+                state = (await client.get("/batcher")).json()
+                return rejected, answered, state
 
     try:
-        rejected, answered, stats = run(main())
+        rejected, answered, state = run(main())
     finally:
         gate.set()
     assert rejected.status_code == 503
     assert rejected.headers["retry-after"] == "1"
-    assert "queue full" in rejected.json()["detail"]
+    assert rejected.json()["error"] == "queue_full"
     assert [r.status_code for r in answered] == [200, 200]
-    assert (stats["rejected_queue_full"], stats["completed"]) == (1, 2)
+    assert (state["stats"]["rejected_queue_full"], state["stats"]["completed"]) == (1, 2)
+
+
+def test_a_failing_model_call_answers_500_naming_the_error(store):
+    def broken_forward(records):
+        raise RuntimeError("GPU fell off the bus")
+
+    broken = ChurnService(make_lookup(store, "indexed"), broken_forward, model_version="fake")
+    app = create_batched_app(broken, max_batch_size=4, max_queue_delay_ms=0.0)
+    (response,) = run(call_app(app, [("POST", "/predict", body(1))]))
+    assert response.status_code == 500
+    assert response.json()["error"] == "model_error"
+    assert "GPU fell off the bus" in response.json()["message"]
+
+
+def test_bad_batcher_knobs_are_refused_before_serving(service):
+    with pytest.raises(ValueError, match="max_queue_delay_ms must be a finite number >= 0"):
+        create_batched_app(service, max_queue_delay_ms=-1.0)
+
+
+def test_customer_key_ignores_dict_order(store):
+    record = store.get(customer_id(5, N_CUSTOMERS))
+    assert customer_key(record) == customer_key(dict(reversed(list(record.items()))))
+
+
+def test_churn_service_rejects_an_unknown_runtime(churn_model):
+    with pytest.raises(
+        ValueError, match="runtime must be one of \\('xgboost', 'onnxruntime'\\), got 'torch'"
+    ):
+        churn_service("torch", churn_model=churn_model)
 
 
 @pytest.fixture(scope="module")
-def live_server():
-    with run_server("xgboost", max_batch_size=16, max_queue_delay_ms=25.0, lifetime_s=120) as base_url:
+def live_server(store_folder):
+    with run_server(
+        "onnxruntime",
+        n_customers=N_CUSTOMERS,
+        store_folder=store_folder,
+        max_batch_size=16,
+        max_queue_delay_ms=25.0,
+        lifetime_s=120,
+    ) as base_url:
         yield base_url
 
 
-def test_the_real_server_batches_concurrent_requests(live_server, payloads):
+def test_the_real_server_batches_concurrent_requests(live_server):
     async def main():
         async with httpx.AsyncClient(base_url=live_server, timeout=10.0) as client:
-            return await asyncio.gather(*(client.post("/predict", json=body) for body in payloads[:16]))
+            return await asyncio.gather(*(client.post("/predict", json=body(i)) for i in range(1, 17)))
 
     responses = run(main())
     assert [r.status_code for r in responses] == [200] * 16
     sizes = [r.json()["batch_size"] for r in responses]
     assert max(sizes) > 1  # concurrent requests shared model calls
     assert sum(1 / s for s in sizes) < 16  # fewer model calls than requests
+    assert {r.json()["runtime"] for r in responses} == {"onnxruntime"}
 
 
-def test_the_real_server_rejects_malformed_json_and_keeps_answering(live_server, payloads):
+def test_the_real_server_refuses_malformed_json_and_keeps_answering(live_server):
     bad = httpx.post(
         live_server + "/predict", content=b"{not json", headers={"content-type": "application/json"}
     )
-    assert bad.status_code == 422
-    good = httpx.post(live_server + "/predict", json=payloads[0])
+    assert bad.status_code == 400
+    good = httpx.post(live_server + "/predict", json=body(1))
     assert good.status_code == 200
-    health = httpx.get(live_server + "/healthz").json()
-    assert (health["runtime"], health["max_batch_size"], health["max_queue_delay_ms"]) == (
-        "xgboost",
-        16,
-        25.0,
-    )
+    state = httpx.get(live_server + "/batcher").json()
+    assert (state["max_batch_size"], state["max_queue_delay_ms"]) == (16, 25.0)
 
 
-def test_open_loop_load_over_http_is_answered_in_full(live_server, payloads):
+def test_open_loop_load_over_http_is_answered_in_full(live_server):
+    payloads = [body(i) for i in range(1, 41)]
+
     async def main():
         async with httpx.AsyncClient(timeout=10.0) as client:
             send = http_target(
@@ -222,10 +243,11 @@ def test_open_loop_load_over_http_is_answered_in_full(live_server, payloads):
     assert result.requests["batch_size"].between(1, 16).all()
 
 
-def test_a_rate_sweep_over_http_records_how_each_request_was_served(live_server, payloads):
+def test_a_rate_sweep_over_http_records_how_each_request_was_served(live_server):
+    payloads = [body(i) for i in range(1, 41)]
     sweep = run(
         sweep_rates(
-            {"batched": lambda: http_client_target(live_server + "/predict", payloads)()},
+            {"batched": http_client_target(live_server + "/predict", payloads)},
             [50.0],
             p99_limit_ms=1000.0,
             duration_s=0.5,
