@@ -355,12 +355,15 @@ async def sweep_rates(
     request_timeout_s: float | None = None,
     warmup_requests: int = 20,
     min_achieved_fraction: float = 0.95,
+    retries: int = 1,
 ) -> pd.DataFrame:
     """Climb a ladder of offered rates for several targets side by side, until each one fails.
 
     At every rate the targets take turns (A, B, A, B, ...), so slow drift of a shared machine hits
-    them alike. A target drops out at its first rate that misses the p99 limit, errors, or falls
-    behind; higher rates would only pile up a longer queue, so skipping them bounds the run.
+    them alike. A run meets the SLO when it has no errors, its p99 is within the limit and it kept
+    up with the offered rate. A target that misses a rate tries it again (``retries`` times, with the
+    next seed), so one hiccup of a shared machine does not end its climb; if every try misses, it
+    drops out, since higher rates would only pile up a longer queue.
 
     Parameters
     ----------
@@ -383,37 +386,49 @@ async def sweep_rates(
         Requests sent one at a time before each run and not recorded (thread pools, caches, sockets).
     min_achieved_fraction : float
         As in ``sustainable_rate``.
+    retries : int >= 0
+        Extra tries at a rate a target missed before it drops out.
 
     Returns
     -------
-    DataFrame with ``target``, the ``LoadResult.summary()`` columns and ``met_slo`` (bool), one row
-    per run, in the order they ran.
+    DataFrame with ``target``, ``attempt`` (1 for the first try at a rate), the
+    ``LoadResult.summary()`` columns and ``met_slo`` (bool), one row per run, in the order they ran.
+
+    Raises
+    ------
+    ValueError
+        For a p99 limit that is not > 0 or a negative ``retries``.
     """
     limit = _check_positive("p99_limit_ms", p99_limit_ms)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
     timeout = request_timeout_s if request_timeout_s is not None else max(0.5, 10 * limit / 1000.0)
     alive = list(targets)
     rows = []
     for rate in sorted(float(r) for r in rates_rps):
         for name in list(alive):
-            async with targets[name]() as send:
-                for i in range(warmup_requests):
-                    await send(i)
-                result = await run_open_loop(
-                    send,
-                    rate_rps=rate,
-                    n_requests=max_requests,
-                    max_duration_s=duration_s,
-                    seed=seed,
-                    request_timeout_s=timeout,
+            for attempt in range(1, retries + 2):
+                async with targets[name]() as send:
+                    for i in range(warmup_requests):
+                        await send(i)
+                    result = await run_open_loop(
+                        send,
+                        rate_rps=rate,
+                        n_requests=max_requests,
+                        max_duration_s=duration_s,
+                        seed=seed + attempt - 1,
+                        request_timeout_s=timeout,
+                    )
+                row = {"target": name, "attempt": attempt, **result.summary()}
+                row["met_slo"] = bool(
+                    row["errors"] == 0
+                    and row["p99_ms"] <= limit
+                    and row["achieved_rps"] >= min_achieved_fraction * row["offered_rps"]
                 )
-            row = {"target": name, **result.summary()}
-            row["met_slo"] = bool(
-                row["errors"] == 0
-                and row["p99_ms"] <= limit
-                and row["achieved_rps"] >= min_achieved_fraction * row["offered_rps"]
-            )
-            rows.append(row)
-            if not row["met_slo"]:
+                rows.append(row)
+                if row["met_slo"]:
+                    break
+            else:
                 alive.remove(name)
         if not alive:
             break
@@ -431,9 +446,11 @@ def capacity_table(sweep: pd.DataFrame, *, baseline: str) -> pd.DataFrame:
 
     Returns
     -------
-    DataFrame indexed by target with ``sustained_rps`` (highest offered rate meeting the SLO; a lower
-    bound, since the true limit lies below the next rung), ``achieved_rps``, ``p99_ms`` and
-    ``mean_batch_size`` at that rate, ``first_failed_rps`` (next rung, NaN if none failed) and
+    DataFrame indexed by target with ``sustained_rps`` (the highest rung of the ladder, ``rate_rps``,
+    that met the SLO; a lower bound, since the true limit lies below the next rung), the realised
+    ``offered_rps`` and the ``achieved_rps`` of that run, its ``p99_ms`` and
+    ``mean_batch_size`` at that rate, ``first_failed_rps`` (lowest rung where every try missed, NaN
+    if none did) and
     ``gain`` (sustained_rps / baseline's; NaN if the baseline met the SLO at no rate, in which case
     start the ladder lower).
 
@@ -447,10 +464,11 @@ def capacity_table(sweep: pd.DataFrame, *, baseline: str) -> pd.DataFrame:
     rows = {}
     for name, runs in sweep.groupby("target", sort=False):
         good = runs[runs["met_slo"]]
-        bad = runs[~runs["met_slo"]]
-        best = good.loc[good["offered_rps"].idxmax()] if len(good) else None
+        bad = runs[~runs["met_slo"] & ~runs["rate_rps"].isin(good["rate_rps"])]  # no try at that rate met
+        best = good.loc[good["rate_rps"].idxmax()] if len(good) else None
         rows[name] = {
-            "sustained_rps": float(best["offered_rps"]) if best is not None else 0.0,
+            "sustained_rps": float(best["rate_rps"]) if best is not None else 0.0,
+            "offered_rps": float(best["offered_rps"]) if best is not None else math.nan,
             "achieved_rps": float(best["achieved_rps"]) if best is not None else math.nan,
             "p99_ms": float(best["p99_ms"]) if best is not None else math.nan,
             "mean_batch_size": float(best.get("mean_batch_size", math.nan)) if best is not None else math.nan,

@@ -171,7 +171,9 @@ def test_sweep_climbs_the_ladder_side_by_side_and_drops_a_target_at_its_first_mi
     fast = sweep[sweep["target"] == "fast"]
     slow = sweep[sweep["target"] == "slow"]
     assert fast["met_slo"].all() and len(fast) == 3
-    assert slow["met_slo"].tolist() == [True, False]  # 80 requests/s overloads it; 160 is never tried
+    # 80 requests/s overloads it: two tries (the retry with the next seed), then it drops out; 160 is never tried
+    assert slow["met_slo"].tolist() == [True, False, False]
+    assert slow["attempt"].tolist() == [1, 1, 2]
     table = capacity_table(sweep, baseline="slow")
     assert table.loc["slow", "first_failed_rps"] == 80.0
     assert table.loc["fast", "gain"] == pytest.approx(
@@ -195,10 +197,11 @@ def test_capacity_table_reports_the_highest_rung_met_and_the_gain():
         ]
     )
     table = capacity_table(sweep, baseline="one")
-    assert table.loc["many", "sustained_rps"] == 101.0
+    assert table.loc["many", "sustained_rps"] == 100.0  # the rung, not the realised Poisson rate
+    assert table.loc["many", "offered_rps"] == 101.0
     assert table.loc["many", "first_failed_rps"] == 200.0
     assert table.loc["many", "mean_batch_size"] == 3.0
-    assert table.loc["many", "gain"] == pytest.approx(101.0 / 49.0)
+    assert table.loc["many", "gain"] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="baseline 'none' is not one of the targets"):
         capacity_table(sweep, baseline="none")
 
@@ -215,3 +218,39 @@ def test_capacity_table_gain_is_nan_when_the_baseline_never_met_the_slo():
 def test_batcher_target_checks_the_knobs_before_any_run():
     with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
         batcher_target(lambda xs: xs, [1], max_batch_size=0, max_queue_delay_ms=0.0)
+
+
+def test_one_failed_try_is_retried_and_does_not_end_the_climb():
+    entries = []
+
+    @contextlib.asynccontextmanager
+    async def flaky_once():
+        entries.append(1)
+        failing = len(entries) == 2  # the first try at the second rate fails
+
+        async def send(i):
+            if failing and i >= 3:  # warm-up passes, the measured run errors
+                raise ConnectionResetError("hiccup")
+            return None
+
+        yield send
+
+    sweep = run(
+        sweep_rates(
+            {"flaky": flaky_once}, [20.0, 40.0, 60.0], p99_limit_ms=500.0, duration_s=0.3, warmup_requests=3
+        )
+    )
+    assert sweep["rate_rps"].tolist() == [20.0, 40.0, 40.0, 60.0]
+    assert sweep["met_slo"].tolist() == [True, False, True, True]
+    table = capacity_table(sweep, baseline="flaky")
+    assert np.isnan(table.loc["flaky", "first_failed_rps"])
+    assert table.loc["flaky", "sustained_rps"] == 60.0
+
+
+def test_negative_retries_are_rejected():
+    @contextlib.asynccontextmanager
+    async def factory():
+        yield instant
+
+    with pytest.raises(ValueError, match="retries must be an integer >= 0, got -1"):
+        run(sweep_rates({"a": factory}, [10.0], p99_limit_ms=10.0, duration_s=0.1, retries=-1))
