@@ -9,9 +9,9 @@ is the Lesson 2 answer plus how the request was served: ``queue_wait_ms``, ``ser
 model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplicated`` and ``trigger``.
 A full queue answers 503 with ``Retry-After``; the server keeps serving.
 
-``run_server`` starts such a server in a subprocess on 127.0.0.1 with a bounded lifetime, so a load
-generator in the calling process does not share its GIL; ``python -m course_lib.batching_service``
-does the same from a shell.
+``run_server`` (one) and ``run_servers`` (several, started together) run such servers in
+subprocesses on 127.0.0.1 with a bounded lifetime, so a load generator in the calling process does not
+share their GIL; ``python -m course_lib.batching_service`` does the same from a shell.
 
 References
 ----------
@@ -69,6 +69,7 @@ __all__ = [
     "create_batched_app",
     "customer_key",
     "run_server",
+    "run_servers",
 ]
 
 #: The two model runtimes: the native scikit-learn + XGBoost pipeline, and ONNX Runtime.
@@ -282,8 +283,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextlib.contextmanager
-def run_server(
+def _server_command(
+    port: int,
     runtime: Runtime = "xgboost",
     *,
     lookup_mode: str = "cached",
@@ -296,25 +297,10 @@ def run_server(
     dedup: bool = True,
     run_in_thread: bool = True,
     lifetime_s: float = 300.0,
-    startup_timeout_s: float = 60.0,
-) -> Iterator[str]:
-    """Start the batched churn server in a subprocess on 127.0.0.1 and yield its base URL.
-
-    The keyword arguments are those of ``churn_service`` and ``create_batched_app``. The feature
-    store is built here first (once), not by each server. The server exits by itself after
-    ``lifetime_s`` seconds even if this process dies, and is stopped (SIGTERM, then SIGKILL after
-    10 s) when the ``with`` block ends.
-
-    Raises
-    ------
-    RuntimeError
-        If the server exits or does not answer ``/healthz`` within ``startup_timeout_s``; the message
-        holds the end of its stderr.
-    """
-    import httpx
-
-    store = build_feature_store(n_customers, seed, folder=store_folder)
-    port = _free_port()
+) -> list[str]:
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    store = build_feature_store(n_customers, seed, folder=store_folder)  # once, here, not in every server
     cmd = [
         sys.executable,
         "-m",
@@ -332,33 +318,98 @@ def run_server(
     ]
     cmd += [] if dedup else ["--no-dedup"]
     cmd += [] if run_in_thread else ["--model-on-event-loop"]
+    return cmd
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+@contextlib.contextmanager
+def run_servers(
+    configs: Mapping[Hashable, Mapping[str, Any]], *, startup_timeout_s: float = 90.0
+) -> Iterator[dict[Hashable, str]]:
+    """Start several batched churn servers in subprocesses on 127.0.0.1 at once; yield their base URLs.
+
+    Parameters
+    ----------
+    configs : mapping name -> keyword arguments
+        Each server's ``runtime`` and the keyword arguments of ``churn_service`` and
+        ``create_batched_app`` (``lookup_mode``, ``max_batch_size``, ...), plus ``lifetime_s``
+        (default 300): the server exits by itself after that long even if this process dies.
+    startup_timeout_s : float
+        How long to wait for every server to answer ``/healthz``.
+
+    Yields
+    ------
+    dict name -> base URL such as ``http://127.0.0.1:8123``. Every server is stopped (SIGTERM, then
+    SIGKILL after 10 s) when the ``with`` block ends.
+
+    Raises
+    ------
+    RuntimeError
+        If a server exits or does not answer ``/healthz`` in time; the message holds the end of its
+        stderr.
+    ValueError
+        For an unknown runtime.
+    """
+    import httpx
+
+    procs: dict[Hashable, subprocess.Popen] = {}
+    urls: dict[Hashable, str] = {}
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
-    base_url = f"http://127.0.0.1:{port}"
     try:
+        for name, kwargs in configs.items():
+            port = _free_port()
+            cmd = _server_command(port, **kwargs)
+            procs[name] = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+            )
+            urls[name] = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {proc.returncode}: {proc.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(base_url + "/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server did not answer /healthz within {startup_timeout_s:g} s")
-            time.sleep(0.1)
-        yield base_url
+        waiting = dict(urls)
+        while waiting:
+            for name, url in list(waiting.items()):
+                proc = procs[name]
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"server {name!r} exited with code {proc.returncode}: {proc.stderr.read()[-2000:]}"
+                    )
+                try:
+                    if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                        del waiting[name]
+                except httpx.TransportError:
+                    pass
+            if waiting and time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"servers {list(waiting)} did not answer /healthz within {startup_timeout_s:g} s"
+                )
+            if waiting:
+                time.sleep(0.1)
+        yield urls
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        for proc in procs.values():
+            _stop(proc)
+
+
+@contextlib.contextmanager
+def run_server(
+    runtime: Runtime = "xgboost", *, startup_timeout_s: float = 90.0, **kwargs: Any
+) -> Iterator[str]:
+    """Start one batched churn server in a subprocess on 127.0.0.1 and yield its base URL.
+
+    Same as ``run_servers({"server": {"runtime": runtime, **kwargs}})``; see there.
+    """
+    with run_servers({"server": {"runtime": runtime, **kwargs}}, startup_timeout_s=startup_timeout_s) as urls:
+        yield urls["server"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -361,9 +361,10 @@ async def sweep_rates(
 
     At every rate the targets take turns (A, B, A, B, ...), so slow drift of a shared machine hits
     them alike. A run meets the SLO when it has no errors, its p99 is within the limit and it kept
-    up with the offered rate. A target that misses a rate tries it again (``retries`` times, with the
-    next seed), so one hiccup of a shared machine does not end its climb; if every try misses, it
-    drops out, since higher rates would only pile up a longer queue.
+    up with the offered rate. A target that kept up but missed only the p99 limit tries the rate again
+    (``retries`` times, with the next seed), so one hiccup of a shared machine does not end its climb.
+    A target that missed every try, or fell behind or failed requests (plainly overloaded), drops out:
+    higher rates would only pile up a longer queue.
 
     Parameters
     ----------
@@ -380,14 +381,14 @@ async def sweep_rates(
     seed : int
         Arrival schedule seed (the same schedule for every target at a given rate).
     request_timeout_s : float, optional
-        Give up on a request after this long; default 10 x the p99 limit (at least 0.5 s), which is
+        Give up on a request after this long; default 5 x the p99 limit (at least 0.5 s), which is
         already a failure, so an overloaded run ends soon after ``duration_s``.
     warmup_requests : int >= 0
         Requests sent one at a time before each run and not recorded (thread pools, caches, sockets).
     min_achieved_fraction : float
         As in ``sustainable_rate``.
     retries : int >= 0
-        Extra tries at a rate a target missed before it drops out.
+        Extra tries at a rate where a target missed only the p99 limit.
 
     Returns
     -------
@@ -402,7 +403,7 @@ async def sweep_rates(
     limit = _check_positive("p99_limit_ms", p99_limit_ms)
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
-    timeout = request_timeout_s if request_timeout_s is not None else max(0.5, 10 * limit / 1000.0)
+    timeout = request_timeout_s if request_timeout_s is not None else max(0.5, 5 * limit / 1000.0)
     alive = list(targets)
     rows = []
     for rate in sorted(float(r) for r in rates_rps):
@@ -426,9 +427,12 @@ async def sweep_rates(
                     and row["achieved_rps"] >= min_achieved_fraction * row["offered_rps"]
                 )
                 rows.append(row)
-                if row["met_slo"]:
+                kept_up = (
+                    row["errors"] == 0 and row["achieved_rps"] >= min_achieved_fraction * row["offered_rps"]
+                )
+                if row["met_slo"] or not kept_up:  # overloaded: trying again would only repeat it
                     break
-            else:
+            if not row["met_slo"]:
                 alive.remove(name)
         if not alive:
             break

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from course_lib.batching_service import churn_service, create_batched_app, customer_key, run_server
+from course_lib.batching_service import churn_service, create_batched_app, customer_key, run_servers
 from course_lib.feature_store import FeatureStore, customer_id, make_lookup
 from course_lib.loadgen import capacity_table, http_client_target, http_target, run_open_loop, sweep_rates
 from course_lib.service import ChurnService, native_forward
@@ -190,16 +190,40 @@ def test_churn_service_rejects_an_unknown_runtime(churn_model):
 
 
 @pytest.fixture(scope="module")
-def live_server(store_folder):
-    with run_server(
-        "onnxruntime",
-        n_customers=N_CUSTOMERS,
-        store_folder=store_folder,
-        max_batch_size=16,
-        max_queue_delay_ms=25.0,
-        lifetime_s=120,
-    ) as base_url:
-        yield base_url
+def live_servers(store_folder):
+    common = {
+        "runtime": "onnxruntime",
+        "n_customers": N_CUSTOMERS,
+        "store_folder": store_folder,
+        "lifetime_s": 120,
+    }
+    with run_servers(
+        {
+            "batched": {**common, "max_batch_size": 16, "max_queue_delay_ms": 25.0},
+            "one call per request": {**common, "max_batch_size": 1, "max_queue_delay_ms": 0.0},
+        }
+    ) as urls:
+        yield urls
+
+
+@pytest.fixture(scope="module")
+def live_server(live_servers):
+    return live_servers["batched"]
+
+
+def test_a_server_with_max_batch_size_1_scores_one_request_per_call(live_servers):
+    async def main():
+        async with httpx.AsyncClient(base_url=live_servers["one call per request"], timeout=10.0) as client:
+            return await asyncio.gather(*(client.post("/predict", json=body(i)) for i in range(1, 9)))
+
+    responses = run(main())
+    assert [r.status_code for r in responses] == [200] * 8
+    assert {r.json()["batch_size"] for r in responses} == {1}
+
+
+def test_run_servers_refuses_an_unknown_runtime_before_starting_anything():
+    with pytest.raises(ValueError, match="runtime must be one of"), run_servers({"x": {"runtime": "torch"}}):
+        pass
 
 
 def test_the_real_server_batches_concurrent_requests(live_server):
