@@ -31,9 +31,9 @@ __all__ = [
     "DEFAULT_BATCH_SIZES",
     "CostModelFit",
     "LinearCostModel",
-    "churn_call_factories",
     "cost_table",
     "fit_linear_cost",
+    "forward_call_factory",
     "measure_call_ms",
 ]
 
@@ -302,35 +302,30 @@ def measure_call_ms(
     return pd.DataFrame(rows)
 
 
-def churn_call_factories(
-    pipeline: object, onnx_scorer: object, X: pd.DataFrame
-) -> dict[str, Callable[[int], Callable[[], object]]]:
-    """``make_call`` functions for the course's two runtimes, scoring the first ``b`` rows of ``X``.
+def forward_call_factory(
+    forward: Callable[[list[dict[str, object]]], object], records: Sequence[dict[str, object]]
+) -> Callable[[int], Callable[[], object]]:
+    """A ``make_call`` for ``measure_call_ms`` that times a model-forward function on request records.
 
     Parameters
     ----------
-    pipeline : fitted sklearn Pipeline (preprocessing + XGBClassifier), e.g. ``ChurnModel.pipeline``.
-    onnx_scorer : course_lib.export.OnnxChurnScorer
-    X : DataFrame of the 19 feature columns with at least max(batch size) rows.
+    forward : callable list of feature dicts -> probabilities
+        E.g. ``course_lib.service.native_forward(pipeline)`` or ``onnx_forward(scorer)``: exactly the
+        function a dynamic batcher calls in the server, so the fitted cost model is the batcher's.
+    records : sequence of dict, one customer's 19 features each (e.g. ``FeatureStore.get`` results)
+        At least as many as the largest batch size measured.
 
     Returns
     -------
-    dict with ``"xgboost"`` (``pipeline.predict_proba`` on a prepared DataFrame slice: the native
-    path, one-hot encoding included) and ``"onnxruntime"`` (``OnnxChurnScorer.run`` on prepared feeds).
-    Each factory raises ``ValueError`` if ``X`` has fewer rows than the batch size asked for.
+    callable batch_size -> zero-argument callable running ``forward(records[:batch_size])``.
+    It raises ``ValueError`` if asked for more records than were given.
     """
+    pool = list(records)
 
-    def _rows(b: int) -> pd.DataFrame:
-        if b > len(X):
-            raise ValueError(f"batch size {b} needs at least {b} rows in X, got {len(X)}")
-        return X.iloc[:b].copy()
+    def make_call(batch_size: int) -> Callable[[], object]:
+        if batch_size > len(pool):
+            raise ValueError(f"batch size {batch_size} needs at least {batch_size} records, got {len(pool)}")
+        batch = pool[:batch_size]
+        return lambda: forward(batch)
 
-    def xgboost_call(b: int) -> Callable[[], object]:
-        rows = _rows(b)
-        return lambda: pipeline.predict_proba(rows)
-
-    def onnx_call(b: int) -> Callable[[], object]:
-        feeds = onnx_scorer.feeds(_rows(b))
-        return lambda: onnx_scorer.run(feeds)
-
-    return {"xgboost": xgboost_call, "onnxruntime": onnx_call}
+    return make_call

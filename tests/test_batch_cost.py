@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from course_lib.batch_cost import (
     LinearCostModel,
-    churn_call_factories,
     cost_table,
     fit_linear_cost,
+    forward_call_factory,
     measure_call_ms,
 )
+from course_lib.model import features
 
 
 def test_source_table_for_5_plus_0_2_per_item_is_reproduced_exactly():
@@ -132,16 +133,15 @@ def test_measure_call_ms_rejects_zero_rounds():
         measure_call_ms(lambda b: lambda: None, (1,), rounds=0)
 
 
-def test_churn_factories_score_the_requested_number_of_rows(churn_model, onnx_scorer, telco):
-    from course_lib.model import features
+def test_forward_factory_times_the_forward_stage_on_the_first_records(churn_model, onnx_scorer, telco):
+    from course_lib.service import native_forward, onnx_forward
 
-    X = features(telco.head(16))
-    factories = churn_call_factories(churn_model.pipeline, onnx_scorer, X)
-    assert set(factories) == {"xgboost", "onnxruntime"}
-    native = factories["xgboost"](8)()
-    onnx = factories["onnxruntime"](8)()
-    assert native.shape == (8, 2)
-    assert onnx.shape == (8,)
-    np.testing.assert_allclose(native[:, 1], onnx, atol=1e-5)
-    with pytest.raises(ValueError, match="batch size 32 needs at least 32 rows"):
-        factories["xgboost"](32)
+    records = features(telco.head(16)).astype(object).to_dict("records")
+    native = forward_call_factory(native_forward(churn_model.pipeline), records)
+    onnx = forward_call_factory(onnx_forward(onnx_scorer), records)
+    np.testing.assert_allclose(native(8)(), onnx(8)(), atol=1e-5)
+    assert native(8)().shape == (8,)
+    with pytest.raises(ValueError, match="batch size 32 needs at least 32 records, got 16"):
+        native(32)
+    table = measure_call_ms(onnx, (1, 16), n_calls=2, rounds=1, warmup_calls=0)
+    assert table["batch_size"].tolist() == [1, 16]
