@@ -209,8 +209,8 @@ def coroutine_target(
 ) -> Send:
     """Wrap an in-process coroutine (e.g. ``DynamicBatcher.submit``) as a load-generator target.
 
-    Request ``i`` submits ``items[i % len(items)]``; the named attributes of the result (e.g.
-    ``queue_wait_ms``, ``batch_size``) are recorded.
+    Request ``i`` submits ``items[i % len(items)]``; the named fields of the result (attributes, or
+    keys if it is a mapping; e.g. ``queue_wait_ms``, ``batch_size``) are recorded.
 
     Raises
     ------
@@ -223,6 +223,8 @@ def coroutine_target(
 
     async def send(i: int) -> dict[str, Any]:
         result = await submit(items[i % len(items)])
+        if isinstance(result, Mapping):
+            return {name: result.get(name) for name in names}
         return {name: getattr(result, name) for name in names}
 
     return send
@@ -239,20 +241,15 @@ def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Itera
     ValueError
         If ``payloads`` is empty.
     """
-    if len(payloads) == 0:
-        raise ValueError("payloads must hold at least one request body")
     names = tuple(fields)
 
-    async def send(i: int) -> dict[str, Any]:
-        response = await client.post(url, json=payloads[i % len(payloads)])
+    async def post(payload: Any) -> Mapping[str, Any]:
+        response = await client.post(url, json=payload)
         if response.status_code >= 300:
             raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-        if not names:
-            return {}
-        body = response.json()
-        return {name: body.get(name) for name in names}
+        return response.json() if names else {}
 
-    return send
+    return coroutine_target(post, payloads, fields=names)
 
 
 def batcher_target(
