@@ -10,7 +10,7 @@ the gain over the better one-call-per-request baseline. ``--http`` repeats the c
 the real server (``course_lib.batching_service``, ``POST /predict``) on 127.0.0.1, where per-request
 HTTP, JSON and lookup work does not batch (Amdahl's law).
 
-Run: ``python benchmarks/batching.py`` (about a minute; ``--http`` adds about a minute).
+Run: ``python benchmarks/batching.py`` (about 2 minutes on 2 cores; ``--http`` adds about 1.5 minutes).
 Absolute rates are for this machine only; the ratios are the result.
 """
 
@@ -32,7 +32,7 @@ from course_lib.service import native_forward, onnx_forward
 
 BASELINE = "one call per request"
 BASELINE_ON_LOOP = "one call per request, model on the event loop"
-LADDER_RPS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 3200, 4800)
+LADDER_RPS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 3200, 4800, 6400, 9600)
 HTTP_LADDER_RPS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
 
 
@@ -60,7 +60,8 @@ def main() -> None:
     knobs = {"max_batch_size": args.max_batch_size, "max_queue_delay_ms": args.max_queue_delay_ms}
     one_call = {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "max_queue_size": 4096}
     sweep_kwargs = {"p99_limit_ms": args.p99_limit_ms, "duration_s": args.duration_s, "seed": 1}
-    pd.set_option("display.width", 160)
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 20)
     tables = {}
     for runtime, forward in (
         ("xgboost", native_forward(model.pipeline)),
