@@ -1,0 +1,327 @@
+"""The asyncio dynamic batcher with a fake scorer that records every batch it is given."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib.batcher import (
+    BatchedResult,
+    BatcherClosedError,
+    BatchScoringError,
+    DynamicBatcher,
+    QueueFullError,
+)
+from course_lib.simulator import simulate_dynamic_batching
+
+
+class RecordingScorer:
+    """Multiplies by 10 and records each batch; optionally blocks the first call until released."""
+
+    def __init__(self, block_first: bool = False):
+        self.batches: list[list[int]] = []
+        self.gate = threading.Event()
+        if not block_first:
+            self.gate.set()
+
+    def __call__(self, items):
+        self.batches.append(list(items))
+        if len(self.batches) == 1:
+            self.gate.wait(10)
+        return [10 * x for x in items]
+
+
+def run(coro, timeout_s: float = 10.0):
+    """Run a test coroutine with a hard timeout, so a hang fails instead of blocking the suite."""
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def wait_until(predicate, timeout_s: float = 5.0):
+    for _ in range(int(timeout_s / 0.005)):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+def test_a_burst_of_20_forms_batches_of_8_8_4_like_the_simulator():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(
+            scorer, max_batch_size=8, max_queue_delay_ms=30.0, run_in_thread=False
+        ) as b:
+            return await asyncio.gather(*(b.submit(i) for i in range(20)))
+
+    results = run(main())
+    assert [len(batch) for batch in scorer.batches] == [8, 8, 4]
+    assert [r.value for r in results] == [10 * i for i in range(20)]
+    assert [r.batch_size for r in results] == [8] * 16 + [4] * 4
+    assert [r.trigger for r in results[::8]] == ["max_batch_size", "max_batch_size", "max_queue_delay"]
+    simulated = simulate_dynamic_batching(
+        [0.0] * 20, max_batch_size=8, max_queue_delay_ms=30.0, service_time_ms=0.0
+    )
+    assert simulated.batches["size"].tolist() == [len(batch) for batch in scorer.batches]
+    assert simulated.batches["trigger"].tolist() == [r.trigger for r in results[::8]]
+
+
+def test_each_result_carries_its_queue_wait_service_time_and_batch():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=4, max_queue_delay_ms=5.0) as b:
+            return await asyncio.gather(*(b.submit(i) for i in range(4)))
+
+    results = run(main())
+    assert all(isinstance(r, BatchedResult) for r in results)
+    assert {r.batch_id for r in results} == {0}
+    assert all(r.queue_wait_ms >= 0 and r.service_ms >= 0 for r in results)
+    assert all(r.batch_size == r.batch_requests == 4 and not r.deduplicated for r in results)
+
+
+def test_with_no_delay_requests_arriving_while_the_model_is_busy_are_batched_when_it_frees():
+    scorer = RecordingScorer(block_first=True)
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=0.0) as b:
+            first = asyncio.create_task(b.submit(0))
+            await wait_until(lambda: len(scorer.batches) == 1)
+            rest = [asyncio.create_task(b.submit(i)) for i in range(1, 6)]
+            await wait_until(lambda: b.queue_len == 5)
+            scorer.gate.set()
+            return await first, await asyncio.gather(*rest)
+
+    first, rest = run(main())
+    assert scorer.batches == [[0], [1, 2, 3, 4, 5]]
+    assert first.trigger == "max_queue_delay"  # a lone request on an idle model: waited 0 ms = the limit
+    assert {r.trigger for r in rest} == {"instance_free"}
+    assert {r.batch_size for r in rest} == {5}
+
+
+def test_a_lone_request_is_sent_by_the_timer_without_a_full_batch():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=64, max_queue_delay_ms=5.0) as b:
+            return await b.submit(7)
+
+    result = run(main())
+    assert (result.value, result.batch_size, result.trigger) == (70, 1, "max_queue_delay")
+
+
+def test_a_preferred_size_leaves_at_once_and_the_rest_waits_for_the_timer():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(
+            scorer, max_batch_size=8, max_queue_delay_ms=20.0, preferred_batch_sizes=[4], run_in_thread=False
+        ) as b:
+            return await asyncio.gather(*(b.submit(i) for i in range(6)))
+
+    results = run(main())
+    assert scorer.batches == [[0, 1, 2, 3], [4, 5]]
+    assert [results[0].trigger, results[5].trigger] == ["preferred_batch_size", "max_queue_delay"]
+
+
+def test_a_full_queue_rejects_at_once_and_every_accepted_request_is_still_answered():
+    scorer = RecordingScorer(block_first=True)
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=0.0, max_queue_size=3) as b:
+            in_flight = asyncio.create_task(b.submit(0))
+            await wait_until(lambda: len(scorer.batches) == 1)
+            queued = [asyncio.create_task(b.submit(i)) for i in (1, 2, 3)]
+            await wait_until(lambda: b.queue_len == 3)
+            with pytest.raises(QueueFullError, match=r"queue full: 3 requests waiting \(max_queue_size=3\)"):
+                await b.submit(4)
+            scorer.gate.set()
+            results = [await in_flight, *await asyncio.gather(*queued)]
+            return results, b.stats
+
+    results, stats = run(main())
+    assert [r.value for r in results] == [0, 10, 20, 30]
+    assert stats.rejected_queue_full == 1
+    assert stats.submitted == 5
+    assert stats.completed == 4
+
+
+def test_identical_queued_requests_are_scored_once_and_answered_to_all():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(
+            scorer, max_batch_size=8, max_queue_delay_ms=10.0, dedup_key=lambda x: x, run_in_thread=False
+        ) as b:
+            results = await asyncio.gather(*(b.submit(x) for x in [1, 1, 2, 1, 3]))
+            return results, b.stats
+
+    results, stats = run(main())
+    assert scorer.batches == [[1, 2, 3]]
+    assert [r.value for r in results] == [10, 10, 20, 10, 30]
+    assert [r.deduplicated for r in results] == [False, True, False, True, False]
+    assert {(r.batch_size, r.batch_requests) for r in results} == {(3, 5)}
+    assert stats.deduplicated == 2
+    assert stats.items_scored == 3
+    assert stats.completed == 5
+
+
+def test_without_a_dedup_key_identical_requests_are_scored_separately():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=5.0, run_in_thread=False) as b:
+            return await asyncio.gather(*(b.submit(1) for _ in range(3)))
+
+    run(main())
+    assert scorer.batches == [[1, 1, 1]]
+
+
+def test_a_failing_model_call_fails_its_callers_and_the_batcher_keeps_serving():
+    calls = []
+
+    def flaky(items):
+        calls.append(items)
+        if len(calls) == 1:
+            raise RuntimeError("model crashed")
+        return [x + 1 for x in items]
+
+    async def main():
+        async with DynamicBatcher(flaky, max_batch_size=2, max_queue_delay_ms=1.0) as b:
+            failed = await asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True)
+            ok = await b.submit(3)
+            return failed, ok, b.stats
+
+    failed, ok, stats = run(main())
+    assert all(isinstance(e, BatchScoringError) for e in failed)
+    assert isinstance(failed[0].__cause__, RuntimeError)
+    assert "model crashed" in str(failed[0])
+    assert ok.value == 4
+    assert (stats.failed, stats.completed) == (2, 1)
+
+
+def test_a_score_function_returning_the_wrong_number_of_results_is_an_error():
+    async def main():
+        async with DynamicBatcher(lambda xs: [0], max_batch_size=4, max_queue_delay_ms=2.0) as b:
+            return await asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True)
+
+    errors = run(main())
+    assert all(isinstance(e, BatchScoringError) for e in errors)
+    assert "returned 1 results for 2 items" in str(errors[0])
+
+
+def test_stop_fails_queued_and_hung_requests_instead_of_hanging():
+    scorer = RecordingScorer(block_first=True)
+
+    async def main():
+        b = await DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=0.0).start()
+        hung = asyncio.create_task(b.submit(0))
+        await wait_until(lambda: len(scorer.batches) == 1)
+        queued = [asyncio.create_task(b.submit(i)) for i in (1, 2)]
+        await wait_until(lambda: b.queue_len == 2)
+        await b.stop(timeout_s=0.2)
+        outcomes = await asyncio.gather(hung, *queued, return_exceptions=True)
+        with pytest.raises(BatcherClosedError, match="stopped"):
+            await b.submit(9)
+        return outcomes, b.stats
+
+    try:
+        outcomes, stats = run(main())
+    finally:
+        scorer.gate.set()  # let the fake model's thread finish
+    assert all(isinstance(o, BatcherClosedError) for o in outcomes)
+    assert stats.closed_before_scoring == 3
+
+
+def test_stop_with_drain_scores_what_is_queued():
+    scorer = RecordingScorer()
+
+    async def main():
+        b = await DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=1000.0).start()
+        tasks = [asyncio.create_task(b.submit(i)) for i in range(3)]
+        await wait_until(lambda: b.queue_len == 3)
+        await b.stop(drain=True)
+        return await asyncio.gather(*tasks)
+
+    results = run(main())
+    assert [r.value for r in results] == [0, 10, 20]
+    assert {r.trigger for r in results} == {"shutdown_drain"}
+
+
+def test_submit_before_start_is_refused():
+    async def main():
+        await DynamicBatcher(lambda xs: xs, max_batch_size=1, max_queue_delay_ms=0.0).submit(1)
+
+    with pytest.raises(BatcherClosedError, match="call start\\(\\) first"):
+        run(main())
+
+
+def test_a_caller_that_gives_up_does_not_disturb_the_others():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=30.0) as b:
+            impatient = asyncio.create_task(b.submit(1))
+            patient = asyncio.create_task(b.submit(2))
+            await asyncio.sleep(0.001)
+            impatient.cancel()
+            result = await patient
+            return result, b.stats
+
+    result, stats = run(main())
+    assert result.value == 20
+    assert stats.cancelled_by_caller == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_batch_size": 0}, ValueError, "max_batch_size must be an integer >= 1, got 0"),
+        ({"max_queue_delay_ms": -2.0}, ValueError, "max_queue_delay_ms must be a finite number >= 0"),
+        ({"max_queue_size": 0}, ValueError, "max_queue_size must be an integer >= 1, got 0"),
+        ({"instances": 0}, ValueError, "instances must be an integer >= 1, got 0"),
+        ({"preferred_batch_sizes": [9]}, ValueError, "preferred_batch_sizes must hold integers in"),
+        ({"dedup_key": "customer_id"}, TypeError, "dedup_key must be callable"),
+    ],
+)
+def test_bad_parameters_are_rejected_up_front(kwargs, error, message):
+    params = {"max_batch_size": 8, "max_queue_delay_ms": 1.0, **kwargs}
+    with pytest.raises(error, match=message):
+        DynamicBatcher(lambda xs: xs, **params)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    max_batch_size=st.integers(1, 9),
+    delay=st.sampled_from([0.0, 0.5, 2.0]),
+    instances=st.integers(1, 2),
+    keys=st.lists(st.integers(0, 5), min_size=40, max_size=40),
+)
+def test_every_request_is_answered_once_with_its_own_value(n, max_batch_size, delay, instances, keys):
+    items = keys[:n]
+    batches: list[list[int]] = []
+
+    def score(xs):
+        batches.append(list(xs))
+        return [x * 3 for x in xs]
+
+    async def main():
+        async with DynamicBatcher(
+            score,
+            max_batch_size=max_batch_size,
+            max_queue_delay_ms=delay,
+            instances=instances,
+            dedup_key=lambda x: x,
+        ) as b:
+            results = await asyncio.gather(*(b.submit(x) for x in items))
+            return results, b.stats
+
+    results, stats = run(main())
+    assert [r.value for r in results] == [3 * x for x in items]
+    assert all(len(batch) <= max_batch_size for batch in batches)
+    assert sum(len(batch) for batch in batches) + stats.deduplicated == n
+    assert stats.completed == stats.submitted == n
