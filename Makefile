@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 unexport MPLBACKEND
 
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
-                --nbval-cell-timeout=300
+                --nbval-cell-timeout=120
 
 .PHONY: help install kernel lab course test unit nbval lint bench lock clean exercises
 
