@@ -55,12 +55,12 @@ from course_lib.feature_store import (
     make_lookup,
 )
 from course_lib.service import (
-    MAX_BODY_BYTES,
     ChurnService,
     RequestError,
     create_app,
     native_forward,
     onnx_forward,
+    read_json_body,
 )
 
 __all__ = [
@@ -140,28 +140,6 @@ def _refuse(err: RequestError, headers: Mapping[str, str] | None = None) -> Resp
     return Response(err.body(), status_code=err.status_code, media_type="application/json", headers=headers)
 
 
-async def _read_body(request: Request) -> bytes:
-    """The request body, refusing a non-JSON content type (415) or more than ``MAX_BODY_BYTES`` (413)."""
-    content_type = request.headers.get("content-type", "")
-    if content_type.split(";")[0].strip().lower() != "application/json":
-        raise RequestError(
-            415, "unsupported_media_type", f"Content-Type must be application/json, got {content_type!r}"
-        )
-    declared = request.headers.get("content-length", "")
-    too_large = RequestError(
-        413, "body_too_large", f"request body exceeds the limit of {MAX_BODY_BYTES} bytes"
-    )
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def create_batched_app(
     service: ChurnService,
     *,
@@ -236,7 +214,7 @@ def create_batched_app(
     @app.post("/predict")
     async def predict(request: Request) -> Response:
         try:
-            body = await _read_body(request)
+            body = await read_json_body(request)
         except RequestError as err:
             return _refuse(err, {"connection": "close"})
         served: list[BatchedResult] = []

@@ -52,6 +52,7 @@ __all__ = [
     "create_app",
     "native_forward",
     "onnx_forward",
+    "read_json_body",
 ]
 
 #: The five stages, in request order.
@@ -349,6 +350,39 @@ class ChurnService:
         return ServiceResponse(200, out, profile)
 
 
+async def read_json_body(request: Request) -> bytes:
+    """The request body, or a ``RequestError`` (415 for a non-JSON content type, 413 over
+    ``MAX_BODY_BYTES``); a refused body is read and discarded (up to
+    ``MAX_DRAIN_BYTES``) so the client receives the 4xx instead of a reset connection."""
+    refusal: RequestError | None = None
+    declared = request.headers.get("content-length", "")
+    content_type = request.headers.get("content-type", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        refusal = RequestError(
+            413,
+            "body_too_large",
+            f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES} bytes",
+        )
+    elif content_type.split(";")[0].strip().lower() != "application/json":
+        refusal = RequestError(
+            415, "unsupported_media_type", f"Content-Type must be application/json, got {content_type!r}"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_DRAIN_BYTES:
+            break  # give up reading: the connection will be closed after the answer
+        if refusal is None and size > MAX_BODY_BYTES:
+            refusal = RequestError(
+                413, "body_too_large", f"request body exceeds the limit of {MAX_BODY_BYTES} bytes"
+            )
+        if refusal is None:
+            chunks.append(chunk)
+    if refusal is not None:
+        raise refusal
+    return b"".join(chunks)
+
+
 def create_app(service: ChurnService, *, forward: AsyncForward | None = None) -> FastAPI:
     """The FastAPI app serving ``service`` at ``POST /score`` (plus ``GET /healthz``).
 
@@ -375,41 +409,10 @@ def create_app(service: ChurnService, *, forward: AsyncForward | None = None) ->
     def refuse(err: RequestError) -> Response:
         return Response(err.body(), status_code=err.status_code, media_type="application/json")
 
-    async def read_body(request: Request) -> bytes:
-        """The request body, or a RequestError; a refused body is read and discarded (up to
-        ``MAX_DRAIN_BYTES``) so the client receives the 4xx instead of a reset connection."""
-        refusal: RequestError | None = None
-        declared = request.headers.get("content-length", "")
-        content_type = request.headers.get("content-type", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            refusal = RequestError(
-                413,
-                "body_too_large",
-                f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES} bytes",
-            )
-        elif content_type.split(";")[0].strip().lower() != "application/json":
-            refusal = RequestError(
-                415, "unsupported_media_type", f"Content-Type must be application/json, got {content_type!r}"
-            )
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_DRAIN_BYTES:
-                break  # give up reading: the connection will be closed after the answer
-            if refusal is None and size > MAX_BODY_BYTES:
-                refusal = RequestError(
-                    413, "body_too_large", f"request body exceeds the limit of {MAX_BODY_BYTES} bytes"
-                )
-            if refusal is None:
-                chunks.append(chunk)
-        if refusal is not None:
-            raise refusal
-        return b"".join(chunks)
-
     @app.post("/score")
     async def score(request: Request) -> Response:
         try:
-            body = await read_body(request)
+            body = await read_json_body(request)
         except RequestError as err:
             response = refuse(err)
             response.headers["connection"] = "close"
