@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from course_lib.batcher import DynamicBatcher
+from course_lib.batching_rule import poisson_arrivals_ms
 from course_lib.loadgen import (
     batcher_target,
     capacity_table,
@@ -18,7 +19,6 @@ from course_lib.loadgen import (
     sustainable_rate,
     sweep_rates,
 )
-from course_lib.simulator import poisson_arrivals_ms
 
 
 def run(coro, timeout_s: float = 20.0):
