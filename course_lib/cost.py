@@ -36,11 +36,8 @@ exact inputs), :mod:`course_lib.fleet_cost` (replicas, bills, cost per predictio
 
 References
 ----------
-Source lesson 001, "Inference Optimisation and Scaling", section "CPU or GPU" (replicas from peak
-traffic with 30% headroom and a minimum of two replicas; cost per 1,000 at full use).
-Source lesson 000, "Inference Engineering Basics: Latency, Batching, and Cost", section "Cost per
-prediction modeling" (720-hour month, cost per 1,000,000 predictions, spot batch scoring).
-Source lesson 004, "Serving Models at Scale", section "Capacity Planning and Cost Analysis".
+Source lessons 000 ("Cost per prediction modeling"), 001 ("CPU or GPU") and 004 ("Capacity Planning and
+Cost Analysis"); each piece cites the sections and figures it reproduces.
 """
 
 from __future__ import annotations
