@@ -236,41 +236,41 @@ def simulate_day(cfg: FleetConfig, arrivals: np.ndarray) -> DayResult:
         "rate_per_s",
         "queue_mm1",
     )
-    s: dict[str, list] = {k: [] for k in keys}
+    s: dict[str, list] = {k: [] for k in keys}  # the signals read these as the day unfolds
     s["arrivals"] = arrivals.astype(np.int64).tolist()
+    appends = [s[k].append for k in keys]
     hpa = HPA(cfg.min_replicas, cfg.max_replicas, [cfg.target], cfg.scale_up, cfg.scale_down)
-    ready_at = [0] * cfg.min_replicas  # one entry per replica: the second it becomes ready
+    ready, pending = cfg.min_replicas, []  # ready replicas; seconds at which the starting ones become ready
     backlog, cap = 0, cfg.capacity_rps
     queue_limit = cfg.queue_limit_s * cap
     for t, a in enumerate(s["arrivals"]):
         if t and t % cfg.sync_period_s == 0:
-            current = len(ready_at)
+            current = ready + len(pending)
             new = hpa.step(float(t), current, [_signal_value(cfg, s, t, current)])
             if new > current:
-                ready_at += [t + cfg.startup_s] * (new - current)
-            elif new < current:
-                ready_at = sorted(ready_at)[:new]  # drop the replicas that are still starting first
-        ready = sum(1 for r in ready_at if r <= t)
+                pending += [t + cfg.startup_s] * (new - current)
+            elif new < current:  # drop the replicas that are still starting first, newest first
+                drop = current - new
+                keep = max(0, len(pending) - drop)
+                ready -= drop - (len(pending) - keep)
+                pending = pending[:keep]
+        while pending and pending[0] <= t:
+            pending.pop(0)
+            ready += 1
         capacity = int(ready * cap)
         if capacity:
             rho = min(a / capacity, _RHO_CAP)
-            delay, rate, mm1 = (
-                (backlog + max(0, a - capacity) / 2) / capacity,
-                cap * (1 - rho),
-                ready * rho * rho / (1 - rho),
-            )
+            delay = (backlog + max(0, a - capacity) / 2) / capacity
+            rate, mm1 = cap * (1 - rho), ready * rho * rho / (1 - rho)
         else:  # every replica still starting: wait for the first one
-            delay, rate, mm1 = min(ready_at) - t + backlog / cap, cap, 0.0
+            delay, rate, mm1 = pending[0] - t + backlog / cap, cap, 0.0
         served = min(backlog + a, capacity)
         backlog += a - served
         shed = max(0, backlog - int(queue_limit * max(ready, 1)))
         backlog -= shed
-        for key, value in (
-            ("served", served), ("shed", shed), ("backlog", backlog), ("replicas", len(ready_at)),
-            ("ready", ready), ("accepted", max(a - shed, 0)), ("delay_s", delay), ("rate_per_s", rate),
-            ("queue_mm1", mm1),
-        ):  # fmt: skip
-            s[key].append(value)
+        row = (served, shed, backlog, ready + len(pending), ready, max(a - shed, 0), delay, rate, mm1)
+        for append, value in zip(appends, row, strict=True):
+            append(value)
     arrays = {k: np.asarray(v) for k, v in s.items()}
     return DayResult(cfg, _per_minute(cfg, arrays), arrays)
 
