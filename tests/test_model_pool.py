@@ -1,0 +1,67 @@
+"""Many models on one pool: sizing arithmetic, real memory readings, helper processes that stop."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import onnx
+import pytest
+
+from course_lib.export import pipeline_to_onnx
+from course_lib.model_pool import _command, _start_batch_job, measure_startup_s, pool_plan, rss_per_model_mib
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory, churn_model):
+    path = tmp_path_factory.mktemp("pool") / "churn.onnx"
+    onnx.save(pipeline_to_onnx(churn_model.pipeline), str(path))
+    return path
+
+
+def test_pool_plan_fifteen_small_models():
+    table = pool_plan(
+        [5.0] * 15,
+        rps_per_replica=50,
+        model_memory_mib=2,
+        base_memory_mib=250,
+        replica_memory_mib=1024,
+    ).set_index("layout")
+    assert table.loc["dedicated", "replicas"] == 30  # a pair each
+    assert table.loc["shared pool", "replicas"] == 2  # ceil(75 x 1.3 / 50) = 2
+    assert table.loc["shared pool", "memory_per_replica_mib"] == 280
+    assert table["fits"].all()
+
+
+def test_pool_that_does_not_fit_in_memory_is_flagged():
+    table = pool_plan([1.0] * 15, rps_per_replica=50, model_memory_mib=100, base_memory_mib=250,
+                      replica_memory_mib=1024).set_index("layout")  # fmt: skip
+    assert not table.loc["shared pool", "fits"] and table.loc["dedicated", "fits"]
+    with pytest.raises(ValueError, match="peak_rps"):
+        pool_plan([], rps_per_replica=50, model_memory_mib=1, base_memory_mib=1, replica_memory_mib=1)
+
+
+def test_memory_grows_with_each_loaded_model(model_path):
+    readings = rss_per_model_mib(model_path, 3)
+    assert len(readings) == 4
+    assert readings[-1] > readings[0]
+    with pytest.raises(ValueError, match="n_models"):
+        rss_per_model_mib(model_path, 0)
+    with pytest.raises(FileNotFoundError):
+        rss_per_model_mib(model_path.with_name("missing.onnx"), 1)
+
+
+def test_startup_reports_every_phase(model_path):
+    out = measure_startup_s(model_path, warmup_calls=5)
+    assert set(out) == {"import_s", "session_s", "first_call_ms", "warmup_s", "spawn_to_ready_s"}
+    assert out["spawn_to_ready_s"] >= out["import_s"] + out["session_s"]
+
+
+def test_batch_job_stops_by_its_lifetime_and_when_terminated(model_path):
+    args = ["batch-job", "--model", str(model_path), "--rows", "100"]
+    lone = subprocess.Popen(_command(*args, "--lifetime-s", "1"), stdout=subprocess.DEVNULL)
+    assert lone.wait(timeout=120) == 0  # its lifetime ended it, ready or not
+    proc = _start_batch_job(args)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
