@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import numpy as np
@@ -24,6 +23,7 @@ from course_lib.service import (
     native_forward,
     onnx_forward,
 )
+from course_lib.waiting import wait_until
 
 N_CUSTOMERS = 5_000
 SEED = 11
@@ -144,7 +144,7 @@ def test_handle_async_awaits_a_replaceable_forward(onnx_service):
 
     async def forward(records):
         seen.append(len(records))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # yields once: the forward really is awaited (no ordering depends on it)
         return np.array([0.25])
 
     result = asyncio.run(onnx_service.handle_async(body_of({"customer_id": GOOD_ID}), forward=forward))
@@ -252,7 +252,9 @@ def test_failing_forward_gives_a_500_and_the_server_keeps_serving(
     ):
         response = c.post(body_of({"customer_id": GOOD_ID}))
         assert response.status_code == 500
-        assert "RuntimeError: model worker crashed" in response.json()["message"]
+        message = response.json()["message"]
+        assert "server log" in message  # the course's own short reason ...
+        assert "RuntimeError" not in message and "crashed" not in message  # ... never the exception
         assert_still_serving(c, expected_p)
     assert calls["n"] == 2
 
@@ -279,10 +281,7 @@ def test_server_thread_is_stopped_when_the_block_ends(onnx_service):
 
 def test_server_stops_by_itself_after_its_lifetime(onnx_service):
     with serve_in_thread(create_app(onnx_service), max_lifetime_s=0.3) as running:
-        deadline = time.monotonic() + 10
-        while running.thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not running.thread.is_alive()
+        wait_until(lambda: not running.thread.is_alive(), timeout_s=10, what="the server thread to stop")
 
 
 def test_server_without_tcp_nodelay_still_answers(onnx_service, expected_p):
