@@ -243,7 +243,6 @@ class OnnxChurnScorer:
                 + (f" (did you mean {hint[0]!r}?)" if hint else "")
                 + "; pass only course_lib.model.features(df)"
             )
-        feeds: dict[str, np.ndarray] = {}
         for name in self.input_names:
             if name not in X.columns:
                 raise ValueError(f"missing column {name!r}; the model expects {self.input_names}")
@@ -253,19 +252,16 @@ class OnnxChurnScorer:
                     raise ValueError(
                         f"column {name!r} must hold strings (one of {list(CATEGORICAL_LEVELS[name])}), got dtype {col.dtype}"
                     )
-                values = col.astype(object).to_numpy()
-                unknown = set(values) - set(CATEGORICAL_LEVELS[name])
-                if unknown:
-                    raise ValueError(
-                        f"column {name!r} has unknown levels {sorted(map(str, unknown))[:5]}; "
-                        f"allowed: {list(CATEGORICAL_LEVELS[name])}"
-                    )
-                feeds[name] = values.astype(str).reshape(-1, 1)
+            elif not pd.api.types.is_numeric_dtype(col):
+                raise ValueError(f"column {name!r} must be numeric, got dtype {col.dtype}")
+        check_frame(X)  # types, finiteness, ranges and levels of course_lib.feature_schema
+        feeds: dict[str, np.ndarray] = {}
+        for name in self.input_names:
+            col = X[name]
+            if name in self._string_inputs:
+                feeds[name] = col.astype(object).to_numpy().astype(str).reshape(-1, 1)
             else:
-                if not (pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col)):
-                    raise ValueError(f"column {name!r} must be numeric, got dtype {col.dtype}")
                 feeds[name] = col.to_numpy(dtype=np.float32, na_value=np.nan).reshape(-1, 1)
-        check_frame(X)
         return feeds
 
     def feeds_from_records(self, records: list[dict[str, object]]) -> dict[str, np.ndarray]:
