@@ -54,7 +54,7 @@ from course_lib.feature_store import (
     build_feature_store,
     make_lookup,
 )
-from course_lib.server import run_processes, serve_app
+from course_lib.server import ServerURLs, run_processes, serve_app
 from course_lib.server_config import DEFAULTS, add_arguments, from_arguments, split_config, to_argv
 from course_lib.service_app import create_app, refuse
 from course_lib.service_pipeline import ChurnService, RequestError, native_forward, onnx_forward
@@ -299,7 +299,7 @@ def _server_command(
 @contextlib.contextmanager
 def run_servers(
     configs: Mapping[Hashable, Mapping[str, Any]], *, startup_timeout_s: float = 90.0
-) -> Iterator[dict[Hashable, str]]:
+) -> Iterator[ServerURLs]:
     """Start several batched churn servers in subprocesses on 127.0.0.1 at once; yield their base URLs.
 
     Parameters

@@ -54,6 +54,7 @@ __all__ = [
     "PARENT_PID_ENV",
     "READY_PATH",
     "RunningServer",
+    "ServerURLs",
     "guarded_protocol",
     "run_processes",
     "serve_app",
@@ -349,6 +350,12 @@ def _stop(proc: subprocess.Popen, timeout_s: float) -> None:
             proc.wait()
 
 
+class ServerURLs(dict):
+    """name -> base URL, plus ``processes`` (name -> ``subprocess.Popen``) for tests and diagnostics."""
+
+    processes: dict[Hashable, subprocess.Popen]
+
+
 @contextmanager
 def run_processes(
     commands: Mapping[Hashable, Sequence[str]],
@@ -357,7 +364,7 @@ def run_processes(
     ready_path: str = READY_PATH,
     stop_timeout_s: float = DEFAULTS.graceful_shutdown_s + 5.0,
     env: Mapping[str, str] | None = None,
-) -> Iterator[dict[Hashable, str]]:
+) -> Iterator[ServerURLs]:
     """Start server processes on free 127.0.0.1 ports at once; yield their base URLs when all are ready.
 
     Parameters
@@ -377,7 +384,9 @@ def run_processes(
 
     Yields
     ------
-    dict name -> base URL such as ``http://127.0.0.1:8123``. Every server is stopped when the block ends.
+    ServerURLs
+        A dict name -> base URL such as ``http://127.0.0.1:8123`` (its ``processes`` attribute holds
+        the ``Popen`` objects). Every server is stopped when the block ends.
 
     Raises
     ------
@@ -388,7 +397,8 @@ def run_processes(
 
     procs: dict[Hashable, subprocess.Popen] = {}
     logs: dict[Hashable, IO[bytes]] = {}
-    urls: dict[Hashable, str] = {}
+    urls = ServerURLs()
+    urls.processes = procs
     full_env = {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -409,7 +419,7 @@ def run_processes(
             )
             urls[name] = f"http://{LOOPBACK_HOST}:{port}"
         deadline = time.monotonic() + startup_timeout_s
-        waiting = dict(urls)
+        waiting = dict(urls.items())
         while waiting:
             for name, url in list(waiting.items()):
                 proc = procs[name]

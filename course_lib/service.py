@@ -16,7 +16,9 @@ from course_lib.service_app import (
     ClientGoneError,
     cancel_on_disconnect,
     create_app,
+    is_json_content_type,
     read_json_body,
+    refuse,
 )
 from course_lib.service_client import ChurnClient
 from course_lib.service_pipeline import (
@@ -52,7 +54,9 @@ __all__ = [
     "cancel_on_disconnect",
     "create_app",
     "decode_json",
+    "is_json_content_type",
     "native_forward",
     "onnx_forward",
     "read_json_body",
+    "refuse",
 ]
