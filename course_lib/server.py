@@ -163,7 +163,7 @@ def serve_in_thread(
         lifespan="off",
         access_log=False,
         log_level=log_level,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=max(1, round(DEFAULTS.graceful_shutdown_s)),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(

@@ -5,6 +5,7 @@
 * ``course_lib.service_app``: the FastAPI app factory ``create_app`` (``POST /score``,
   ``GET /healthz``, ``GET /stats``) and the body reader ``read_json_body``.
 * ``course_lib.service_client``: ``ChurnClient``, which adds the transport stage on the client side.
+* ``course_lib.strict_json``: ``decode_json``, the strict request-body decoder the parse stage uses.
 
 ``from course_lib.service import ChurnService, create_app, ChurnClient`` keeps working.
 """
@@ -32,10 +33,10 @@ from course_lib.service_pipeline import (
     RequestError,
     ScoreRequest,
     ServiceResponse,
-    decode_json,
     native_forward,
     onnx_forward,
 )
+from course_lib.strict_json import JSONRefusedError, decode_json
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -48,6 +49,7 @@ __all__ = [
     "ChurnClient",
     "ChurnService",
     "ClientGoneError",
+    "JSONRefusedError",
     "RequestError",
     "ScoreRequest",
     "ServiceResponse",

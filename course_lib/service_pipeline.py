@@ -17,7 +17,7 @@ serves the same stages over HTTP and reports them in a ``Server-Timing`` header;
 says why (400 bad JSON or a duplicate key, 404 unknown customer, 413 body too large, 415 not JSON,
 422 wrong or missing fields, or customer features outside ``course_lib.feature_schema``).
 
-The JSON parser is strict (RFC 8259): UTF-8 only (a leading UTF-8 byte-order mark is ignored, as
+The JSON parser (``course_lib.strict_json.decode_json``) is strict (RFC 8259): UTF-8 only (a leading UTF-8 byte-order mark is ignored, as
 section 8.1 allows), no ``NaN``/``Infinity``, no key twice in one object (RFC 8259 section 4 leaves
 duplicates undefined, so we refuse them), at most ``MAX_JSON_DEPTH`` nested containers and numbers of
 at most ``MAX_NUMBER_DIGITS`` digits; every refusal is a 400 with the course's own short reason.
@@ -30,7 +30,6 @@ W3C, "Server Timing" (the response header). FastAPI and pydantic documentation.
 
 from __future__ import annotations
 
-import codecs
 import json
 import math
 from collections.abc import Awaitable, Callable
@@ -44,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from course_lib.data import FEATURE_COLUMNS
 from course_lib.feature_schema import check_records
 from course_lib.profiling import RequestProfile
+from course_lib.strict_json import JSONRefusedError, decode_json
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -56,7 +56,6 @@ __all__ = [
     "RequestError",
     "ScoreRequest",
     "ServiceResponse",
-    "decode_json",
     "native_forward",
     "onnx_forward",
 ]
@@ -121,95 +120,6 @@ def _validation_details(exc: ValidationError) -> list[dict[str, object]]:
         {"loc": ".".join(map(str, e["loc"])) or "body", "msg": e["msg"], "type": e["type"]}
         for e in exc.errors(include_url=False, include_input=False)
     ]
-
-
-class _RefusedError(ValueError):
-    """Raised by the parser hooks with the course's own reason."""
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            shown = key if len(key) <= 40 else key[:37] + "..."
-            raise _RefusedError(f"key {shown!r} appears twice in one object")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> float:
-    raise _RefusedError(f"{name} is not a JSON number")
-
-
-def _bounded_number(kind: type) -> Callable[[str], object]:
-    def parse(text: str) -> object:
-        if len(text) > MAX_NUMBER_DIGITS:
-            raise _RefusedError(f"a number has {len(text)} characters; the limit is {MAX_NUMBER_DIGITS}")
-        return kind(text)
-
-    return parse
-
-
-def _depth_exceeds(text: str, limit: int) -> bool:
-    """True if brackets outside strings nest deeper than ``limit`` (a linear scan, no recursion)."""
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
-
-
-def decode_json(body: bytes) -> object:
-    """Decode a request body strictly (see the module docstring): UTF-8 JSON, no duplicate keys.
-
-    Raises
-    ------
-    RequestError
-        400 ``bad_json`` with a short reason: not UTF-8, not JSON, nested deeper than
-        ``MAX_JSON_DEPTH``, a number longer than ``MAX_NUMBER_DIGITS``, ``NaN``/``Infinity``, or a
-        key that appears twice (the message names the key).
-    """
-    if body.startswith(codecs.BOM_UTF8):
-        body = body[len(codecs.BOM_UTF8) :]
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(
-            400, "bad_json", f"request body is not valid JSON: not UTF-8 at byte {exc.start}"
-        ) from None
-    if _depth_exceeds(text, MAX_JSON_DEPTH):
-        raise RequestError(
-            400,
-            "bad_json",
-            f"request body is not valid JSON for this API: nested deeper than {MAX_JSON_DEPTH}",
-        )
-    try:
-        return json.loads(
-            text,
-            object_pairs_hook=_no_duplicate_keys,
-            parse_constant=_no_constant,
-            parse_int=_bounded_number(int),
-            parse_float=_bounded_number(float),
-        )
-    except _RefusedError as exc:
-        raise RequestError(400, "bad_json", f"request body is not valid JSON for this API: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise RequestError(400, "bad_json", f"request body is not valid JSON: {exc}") from None
-    except (ValueError, RecursionError):  # belt and braces: never a 500 from the parser
-        raise RequestError(400, "bad_json", "request body is not valid JSON") from None
 
 
 def native_forward(pipeline: object) -> Forward:
@@ -338,7 +248,10 @@ class ChurnService:
                 "body_too_large",
                 f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES} bytes",
             )
-        payload = decode_json(body)
+        try:
+            payload = decode_json(body, max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_NUMBER_DIGITS)
+        except JSONRefusedError as exc:
+            raise RequestError(400, "bad_json", str(exc)) from None
         if not isinstance(payload, dict):
             raise RequestError(
                 422,

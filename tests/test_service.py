@@ -401,7 +401,8 @@ def test_the_service_modules_keep_every_public_name_importable_from_course_lib_s
     import course_lib.service_app as app
     import course_lib.service_client as client
     import course_lib.service_pipeline as pipeline
+    import course_lib.strict_json as strict_json
 
-    for module in (app, client, pipeline):
+    for module in (app, client, pipeline, strict_json):
         for name in module.__all__:
             assert getattr(service, name) is getattr(module, name), name
