@@ -207,6 +207,7 @@ def guarded_protocol(config: ServerConfig = DEFAULTS) -> type[H11Protocol]:
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _opened_at: float = 0.0
 
         def _idle(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
@@ -227,10 +228,11 @@ def guarded_protocol(config: ServerConfig = DEFAULTS) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._opened_at = self.loop.time()
             self._arm()
             if len(self.connections) > max_connections:
                 idle = [c for c in self.connections if c is not self and c._idle()]
-                victim = idle[0] if idle else self
+                victim = min(idle, key=lambda c: c._opened_at) if idle else self
                 victim.transport.close()
 
         def data_received(self, data: bytes) -> None:
