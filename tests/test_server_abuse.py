@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from course_lib.batching_service import run_servers
 from course_lib.feature_store import customer_id
 from course_lib.waiting import wait_until
 
+ROOT = Path(__file__).resolve().parent.parent
 N_CUSTOMERS = 2000
 GOOD = {"customer_id": customer_id(1, N_CUSTOMERS)}
 LIMITS = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "max_connections": 24, "lifetime_s": 300.0}
@@ -272,7 +274,7 @@ def test_a_server_exits_when_its_parent_dies(store_folder, tmp_path):
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         base, pid = parent.stdout.readline().split()
