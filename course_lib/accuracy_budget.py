@@ -189,7 +189,8 @@ def auc_difference_ci(
     Raises
     ------
     ValueError
-        Arrays of different lengths, ``n_boot`` < 100, or ``level`` outside (0, 1).
+        Arrays of different lengths, ``n_boot`` < 100, ``level`` outside (0, 1), or labels for which
+        every resample holds a single class (e.g. all 0s: AUC is undefined).
 
     References
     ----------
@@ -213,6 +214,11 @@ def auc_difference_ci(
         if y[idx].min() == y[idx].max():
             continue
         diffs.append(roc_auc_score(y[idx], a[idx]) - roc_auc_score(y[idx], b[idx]))
+    if not diffs:
+        raise ValueError(
+            f"every one of the {n_boot} bootstrap resamples of {len(y)} labels holds a single class, so "
+            "ROC AUC is undefined on all of them; evaluate on a set with both churners and non-churners"
+        )
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(diffs, [tail, 100 - tail])
     auc_a, auc_b = roc_auc_score(y, a), roc_auc_score(y, b)

@@ -21,6 +21,12 @@ Design decisions
   request still waiting in the queue joins it: the item is scored once, and every caller gets the
   answer (``deduplicated=True`` for the joiners; counted in ``stats.deduplicated``). Duplicates do not
   take a row in the batch; they do count against ``max_queue_size``.
+* **A caller that gives up frees its slot at once.** If the awaiting task is cancelled (a client
+  disconnected, a timeout fired) while its request is queued, the request leaves the queue then and
+  there: the slot counts against ``max_queue_size`` no more, the item never reaches the model, and
+  ``stats.cancelled_by_caller`` counts it. (A request already in a running batch cannot be recalled;
+  its result is dropped and it is counted when the batch ends.) Ray Serve had the opposite bug
+  (ray-project/ray#50046, fixed by PR #50054).
 * **Graceful shutdown.** ``stop()`` stops admitting requests, fails every queued request with
   ``BatcherClosedError`` (or scores them first with ``drain=True``), lets a batch already running
   finish, and gives up on a hung model call after ``timeout_s`` (its callers get the error too).
@@ -46,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
 
 from course_lib.batching_rule import check_batching_params, next_batch_size
+from course_lib.server_config import DEFAULTS
 
 __all__ = [
     "BatchScoringError",
@@ -126,7 +133,7 @@ class BatcherStats:
         return asdict(self)
 
 
-@dataclass
+@dataclass(eq=False)  # identity, not field equality: two equal items are two entries
 class _Entry:
     item: Any
     key: Hashable | None
@@ -180,7 +187,7 @@ class DynamicBatcher(Generic[T, R]):
         max_batch_size: int,
         max_queue_delay_ms: float,
         preferred_batch_sizes: Iterable[int] = (),
-        max_queue_size: int = 1024,
+        max_queue_size: int = DEFAULTS.max_queue_size,
         dedup_key: Callable[[T], Hashable] | None = None,
         instances: int = 1,
         run_in_thread: bool = True,
@@ -316,9 +323,33 @@ class DynamicBatcher(Generic[T, R]):
         self._waiting += 1
         assert self._wake is not None
         self._wake.set()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._withdraw(entry, future)
+            raise
 
     # ------------------------------------------------------------------ internals
+    def _withdraw(self, entry: _Entry, future: asyncio.Future) -> None:
+        """The caller of ``future`` cancelled: free its queue slot now if its entry is still queued.
+
+        A queued entry loses this waiter; an entry left with no waiters leaves the queue, so it
+        never reaches the model. Counted once in ``cancelled_by_caller`` here; a caller whose batch
+        is already being scored is counted when that batch resolves (``_resolve``).
+        """
+        waiter = next((w for w in entry.waiters if w[0] is future), None)
+        if waiter is None or not any(e is entry for e in self._queue):
+            return  # already taken by a worker (or failed by stop): counted there
+        entry.waiters.remove(waiter)
+        self._waiting -= 1
+        self.stats.cancelled_by_caller += 1
+        if not entry.waiters:
+            self._queue.remove(entry)
+            if entry.key is not None and self._queued_keys.get(entry.key) is entry:
+                del self._queued_keys[entry.key]
+        if self._wake is not None:
+            self._wake.set()  # the oldest request may have changed: recompute the deadline
+
     def _fail_queued(self, error: BatcherClosedError) -> None:
         while self._queue:
             entry = self._queue.popleft()

@@ -10,8 +10,13 @@ model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplica
 A full queue answers 503 with ``Retry-After``; the server keeps serving.
 
 ``run_server`` (one) and ``run_servers`` (several, started together) run such servers in
-subprocesses on 127.0.0.1 with a bounded lifetime, so a load generator in the calling process does not
-share their GIL; ``python -m course_lib.batching_service`` does the same from a shell.
+subprocesses on 127.0.0.1 (``course_lib.server.run_processes``: bounded lifetime, read timeouts, a
+connection limit, exit with the parent), so a load generator in the calling process does not share
+their GIL; ``python -m course_lib.batching_service`` does the same from a shell. Every default lives in
+``course_lib.server_config.DEFAULTS``.
+
+A client that disconnects while its request waits in the batcher's queue cancels it: its queue slot
+is freed at once and it never reaches the model (``stats.cancelled_by_caller``).
 
 References
 ----------
@@ -24,13 +29,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
+import logging
 import sys
-import threading
-import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -54,14 +54,10 @@ from course_lib.feature_store import (
     build_feature_store,
     make_lookup,
 )
-from course_lib.service import (
-    ChurnService,
-    RequestError,
-    create_app,
-    native_forward,
-    onnx_forward,
-    read_json_body,
-)
+from course_lib.server import ServerURLs, run_processes, serve_app
+from course_lib.server_config import DEFAULTS, add_arguments, from_arguments, split_config, to_argv
+from course_lib.service_app import create_app, refuse
+from course_lib.service_pipeline import ChurnService, RequestError, native_forward, onnx_forward
 
 __all__ = [
     "RUNTIMES",
@@ -75,6 +71,7 @@ __all__ = [
 #: The two model runtimes: the native scikit-learn + XGBoost pipeline, and ONNX Runtime.
 RUNTIMES: tuple[str, ...] = ("xgboost", "onnxruntime")
 Runtime = Literal["xgboost", "onnxruntime"]
+_log = logging.getLogger("course_lib.batching_service")
 
 
 def customer_key(record: Mapping[str, Any]) -> Hashable:
@@ -105,12 +102,20 @@ def churn_service(
     churn_model : course_lib.model.ChurnModel, optional
         Default ``load_or_train_churn_model()``.
     onnx_scorer : OnnxChurnScorer, optional
-        Reused for ``onnxruntime`` if given, else built from ``churn_model``.
+        Reused for ``onnxruntime`` if given (it must have been exported from ``churn_model``: its
+        ``model_version`` metadata must match), else built from ``churn_model``.
+
+    Returns
+    -------
+    ChurnService
+        Its answers carry the ``model_version`` of the model that actually scores them.
 
     Raises
     ------
     ValueError
         Unknown runtime or lookup mode.
+    course_lib.export.ModelMismatchError
+        If ``onnx_scorer`` was exported from another model than ``churn_model`` (or has no version).
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
@@ -118,6 +123,7 @@ def churn_service(
         from course_lib.model import load_or_train_churn_model
 
         churn_model = load_or_train_churn_model()
+    version = str(churn_model.model_version)
     if runtime == "xgboost":
         forward = native_forward(churn_model.pipeline)
     else:
@@ -125,31 +131,29 @@ def churn_service(
             from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 
             onnx_scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
+        onnx_scorer.check_model_version(version)
         forward = onnx_forward(onnx_scorer)
     store = FeatureStore.open(n_customers, seed, folder=store_folder)
     return ChurnService(
         make_lookup(store, lookup_mode),
         forward,
-        model_version=str(churn_model.model_version),
+        model_version=version,
         lookup_mode=lookup_mode,
         runtime=runtime,
     )
 
 
-def _refuse(err: RequestError, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(err.body(), status_code=err.status_code, media_type="application/json", headers=headers)
-
-
 def create_batched_app(
     service: ChurnService,
     *,
-    max_batch_size: int = 64,
-    max_queue_delay_ms: float = 2.0,
-    preferred_batch_sizes: Sequence[int] = (),
-    max_queue_size: int = 2048,
-    dedup: bool = True,
-    instances: int = 1,
-    run_in_thread: bool = True,
+    max_batch_size: int = DEFAULTS.max_batch_size,
+    max_queue_delay_ms: float = DEFAULTS.max_queue_delay_ms,
+    preferred_batch_sizes: Sequence[int] = DEFAULTS.preferred_batch_sizes,
+    max_queue_size: int = DEFAULTS.max_queue_size,
+    dedup: bool = DEFAULTS.dedup,
+    instances: int = DEFAULTS.instances,
+    run_in_thread: bool = DEFAULTS.run_in_thread,
+    body_timeout_s: float = DEFAULTS.body_timeout_s,
 ) -> FastAPI:
     """The Lesson 2 app plus ``POST /predict``, whose model-forward stage goes through a dynamic batcher.
 
@@ -158,19 +162,23 @@ def create_batched_app(
     service : course_lib.service.ChurnService
         Its ``forward`` (records -> probabilities) is the batcher's batch score function.
     max_batch_size, max_queue_delay_ms, preferred_batch_sizes, max_queue_size, instances, run_in_thread
-        Knobs of ``course_lib.batcher.DynamicBatcher``. ``max_batch_size=1`` turns batching off: one
-        model call per request, through the same queue and thread.
+        Knobs of ``course_lib.batcher.DynamicBatcher`` (defaults: ``course_lib.server_config.DEFAULTS``).
+        ``max_batch_size=1`` turns batching off: one model call per request, through the same queue.
     dedup : bool
         Score identical customers waiting in the queue together once.
+    body_timeout_s : float
+        Longest wait for a request body (408 after it).
 
     Returns
     -------
-    FastAPI app with the Lesson 2 routes (``POST /score``, ``GET /healthz``) and
+    FastAPI app with the Lesson 2 routes (``POST /score``, ``GET /healthz``, ``GET /stats``) and
     ``POST /predict``: 200 with the Lesson 2 answer plus ``queue_wait_ms``, ``service_ms``,
     ``batch_size``, ``batch_requests``, ``deduplicated``, ``trigger``; the Lesson 2 4xx for a bad
-    body or unknown customer (400, 404, 413, 415, 422); 503 + ``Retry-After: 1`` when the queue is
-    full or the server is stopping; 500 naming the error if the model call failed.
-    ``GET /batcher`` reports the knobs and the batcher's counters.
+    body, unknown customer or features outside the schema (400, 404, 408, 413, 415, 422); 503 +
+    ``Retry-After: 1`` when the queue is full or the server is stopping; 500 with a short reason if
+    the model call failed (the error itself goes to the server log). A client that disconnects
+    cancels its request (freed from the queue, counted in ``stats.cancelled_by_caller`` and in
+    ``GET /stats``'s ``client_disconnects``). ``GET /batcher`` reports the knobs and the counters.
 
     Raises
     ------
@@ -196,7 +204,7 @@ def create_batched_app(
         "instances": batcher.instances,
         "run_in_thread": batcher.run_in_thread,
     }
-    app = create_app(service)
+    app = create_app(service, body_timeout_s=body_timeout_s)
     app.state.batcher = batcher
     inner_lifespan = app.router.lifespan_context
 
@@ -211,12 +219,7 @@ def create_batched_app(
 
     app.router.lifespan_context = lifespan
 
-    @app.post("/predict")
-    async def predict(request: Request) -> Response:
-        try:
-            body = await read_json_body(request)
-        except RequestError as err:
-            return _refuse(err, {"connection": "close"})
+    async def predict_body(body: bytes) -> Response:
         served: list[BatchedResult] = []
 
         async def batched_forward(records: list[dict[str, object]]) -> list[object]:
@@ -226,14 +229,20 @@ def create_batched_app(
 
         try:
             out = await service.handle_async(body, forward=batched_forward)
-        except QueueFullError as exc:
-            return _refuse(RequestError(503, "queue_full", str(exc)), {"retry-after": "1"})
-        except BatcherClosedError as exc:
-            return _refuse(RequestError(503, "shutting_down", str(exc)), {"retry-after": "1"})
-        except BatchScoringError as exc:
-            return _refuse(RequestError(500, "model_error", str(exc)))
-        except Exception as exc:  # a failing stage must not take the server down
-            return _refuse(RequestError(500, "internal_error", f"{type(exc).__name__}: {exc}"))
+        except QueueFullError:
+            return refuse(
+                RequestError(
+                    503, "queue_full", f"the batcher's queue is full ({batcher.max_queue_size} requests)"
+                ),
+                {"retry-after": "1"},
+            )
+        except BatcherClosedError:
+            return refuse(
+                RequestError(503, "shutting_down", "the server is shutting down"), {"retry-after": "1"}
+            )
+        except BatchScoringError:
+            _log.exception("model call failed")
+            return refuse(RequestError(500, "model_error", "the model call for this request's batch failed"))
         if out.status_code != 200 or not served:
             return Response(out.body, status_code=out.status_code, headers=out.headers)
         result = served[0]
@@ -248,6 +257,10 @@ def create_batched_app(
         )
         return Response(json.dumps(answer).encode(), status_code=200, headers=out.headers)
 
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        return await app.state.handle(request, run=predict_body)
+
     @app.get("/batcher")
     async def batcher_state() -> dict[str, Any]:
         return {**knobs, "queue_len": batcher.queue_len, "stats": batcher.stats.as_dict()}
@@ -255,127 +268,67 @@ def create_batched_app(
     return app
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _server_command(
-    port: int,
     runtime: Runtime = "xgboost",
     *,
     lookup_mode: str = "cached",
     n_customers: int = DEFAULT_N_CUSTOMERS,
     seed: int = DEFAULT_SEED,
     store_folder: str | Path | None = None,
-    max_batch_size: int = 64,
-    max_queue_delay_ms: float = 2.0,
-    max_queue_size: int = 2048,
-    dedup: bool = True,
-    run_in_thread: bool = True,
-    lifetime_s: float = 300.0,
+    **config: Any,
 ) -> list[str]:
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    server_config, unknown = split_config(config)
+    if unknown:
+        raise TypeError(f"unknown server options {sorted(unknown)}")
     store = build_feature_store(n_customers, seed, folder=store_folder)  # once, here, not in every server
-    cmd = [
+    return [
         sys.executable,
         "-m",
         "course_lib.batching_service",
         f"--runtime={runtime}",
-        f"--port={port}",
         f"--lookup={lookup_mode}",
         f"--n-customers={n_customers}",
         f"--seed={seed}",
         f"--store-folder={store.path.parent}",
-        f"--max-batch-size={max_batch_size}",
-        f"--max-queue-delay-ms={max_queue_delay_ms}",
-        f"--max-queue-size={max_queue_size}",
-        f"--lifetime-s={lifetime_s}",
+        *to_argv(server_config),
     ]
-    cmd += [] if dedup else ["--no-dedup"]
-    cmd += [] if run_in_thread else ["--model-on-event-loop"]
-    return cmd
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stderr is not None:
-        proc.stderr.close()
 
 
 @contextlib.contextmanager
 def run_servers(
     configs: Mapping[Hashable, Mapping[str, Any]], *, startup_timeout_s: float = 90.0
-) -> Iterator[dict[Hashable, str]]:
+) -> Iterator[ServerURLs]:
     """Start several batched churn servers in subprocesses on 127.0.0.1 at once; yield their base URLs.
 
     Parameters
     ----------
     configs : mapping name -> keyword arguments
-        Each server's ``runtime`` and the keyword arguments of ``churn_service`` and
-        ``create_batched_app`` (``lookup_mode``, ``max_batch_size``, ...), plus ``lifetime_s``
-        (default 300): the server exits by itself after that long even if this process dies.
+        Each server's ``runtime``, ``lookup_mode``, ``n_customers``, ``seed``, ``store_folder`` and any
+        field of ``course_lib.server_config.ServerConfig`` (``max_batch_size``, ``lifetime_s``, ...;
+        unset ones take ``DEFAULTS``). A server exits by itself after ``lifetime_s``, and when this
+        process dies.
     startup_timeout_s : float
         How long to wait for every server to answer ``/healthz``.
 
     Yields
     ------
     dict name -> base URL such as ``http://127.0.0.1:8123``. Every server is stopped (SIGTERM, then
-    SIGKILL after 10 s) when the ``with`` block ends.
+    SIGKILL) when the ``with`` block ends.
 
     Raises
     ------
     RuntimeError
-        If a server exits or does not answer ``/healthz`` in time; the message holds the end of its
-        stderr.
+        If a server exits or does not answer ``/healthz`` in time; the message holds the end of its log.
     ValueError
-        For an unknown runtime.
+        For an unknown runtime or an out-of-range limit (before anything starts).
+    TypeError
+        For an unknown option.
     """
-    import httpx
-
-    procs: dict[Hashable, subprocess.Popen] = {}
-    urls: dict[Hashable, str] = {}
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    try:
-        for name, kwargs in configs.items():
-            port = _free_port()
-            cmd = _server_command(port, **kwargs)
-            procs[name] = subprocess.Popen(
-                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
-            )
-            urls[name] = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + startup_timeout_s
-        waiting = dict(urls)
-        while waiting:
-            for name, url in list(waiting.items()):
-                proc = procs[name]
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"server {name!r} exited with code {proc.returncode}: {proc.stderr.read()[-2000:]}"
-                    )
-                try:
-                    if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
-                        del waiting[name]
-                except httpx.TransportError:
-                    pass
-            if waiting and time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"servers {list(waiting)} did not answer /healthz within {startup_timeout_s:g} s"
-                )
-            if waiting:
-                time.sleep(0.1)
+    commands = {name: _server_command(**kwargs) for name, kwargs in configs.items()}
+    with run_processes(commands, startup_timeout_s=startup_timeout_s) as urls:
         yield urls
-    finally:
-        for proc in procs.values():
-            _stop(proc)
 
 
 @contextlib.contextmanager
@@ -391,9 +344,7 @@ def run_server(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: serve the batched churn app with uvicorn on 127.0.0.1 for a bounded time."""
-    import uvicorn
-
+    """Command line: serve the batched churn app on 127.0.0.1 (``--port``) for a bounded time."""
     parser = argparse.ArgumentParser(description="Churn scoring with dynamic batching on 127.0.0.1")
     parser.add_argument("--runtime", choices=RUNTIMES, default="xgboost")
     parser.add_argument("--port", type=int, default=8000)
@@ -401,13 +352,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n-customers", type=int, default=DEFAULT_N_CUSTOMERS)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--store-folder", default=None)
-    parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--max-queue-delay-ms", type=float, default=2.0)
-    parser.add_argument("--max-queue-size", type=int, default=2048)
-    parser.add_argument("--no-dedup", action="store_true")
-    parser.add_argument("--model-on-event-loop", action="store_true", help="no worker thread for the model")
-    parser.add_argument("--lifetime-s", type=float, default=3600.0, help="exit by itself after this long")
+    add_arguments(parser)
     args = parser.parse_args(argv)
+    config = from_arguments(args)
     service = churn_service(
         args.runtime,
         lookup_mode=args.lookup,
@@ -417,24 +364,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     app = create_batched_app(
         service,
-        max_batch_size=args.max_batch_size,
-        max_queue_delay_ms=args.max_queue_delay_ms,
-        max_queue_size=args.max_queue_size,
-        dedup=not args.no_dedup,
-        run_in_thread=not args.model_on_event_loop,
+        **config.batcher_kwargs(),
+        dedup=config.dedup,
+        body_timeout_s=config.body_timeout_s,
     )
-    watchdog = threading.Timer(args.lifetime_s, lambda: os.kill(os.getpid(), signal.SIGTERM))
-    watchdog.daemon = True
-    watchdog.start()
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        http="h11",
-        loop="asyncio",
-    )
+    serve_app(app, port=args.port, config=config)
 
 
 if __name__ == "__main__":

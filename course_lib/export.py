@@ -24,10 +24,14 @@ import onnxruntime as ort
 import pandas as pd
 from sklearn.pipeline import Pipeline
 
-from course_lib.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS
+from course_lib.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, TELCO_SHA256
+from course_lib.feature_schema import check_frame, check_records
 
 __all__ = [
+    "METADATA_DATA_SHA256",
+    "METADATA_MODEL_VERSION",
     "PARITY_ATOL",
+    "ModelMismatchError",
     "OnnxChurnScorer",
     "ParityError",
     "ParityReport",
@@ -45,6 +49,13 @@ _GRAPH_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 _registered = False
+#: ONNX ``metadata_props`` keys written by ``pipeline_to_onnx``: which model and which data made the file.
+METADATA_MODEL_VERSION = "course_model_version"
+METADATA_DATA_SHA256 = "course_data_sha256"
+
+
+class ModelMismatchError(ValueError):
+    """Two artifacts that must come from the same trained model (e.g. a model and its ONNX file) do not."""
 
 
 def _register_xgboost_converter() -> None:
@@ -66,21 +77,35 @@ def _register_xgboost_converter() -> None:
     _registered = True
 
 
-def pipeline_to_onnx(pipeline: Pipeline, *, target_opset: int = 17, ml_opset: int = 3) -> onnx.ModelProto:
+def pipeline_to_onnx(
+    pipeline: Pipeline,
+    *,
+    target_opset: int = 17,
+    ml_opset: int = 3,
+    model_version: str | None = None,
+    data_sha256: str = TELCO_SHA256,
+) -> onnx.ModelProto:
     """Convert the fitted preprocessing + XGBoost pipeline into one ONNX model.
 
     Parameters
     ----------
     pipeline : sklearn Pipeline
-        Output of ``course_lib.model.make_xgb_pipeline`` after ``fit``.
+        Output of ``course_lib.model.make_xgb_pipeline`` after ``fit`` (or any pipeline skl2onnx converts).
     target_opset, ml_opset : int
         Opsets of the default and ``ai.onnx.ml`` domains.
+    model_version : str, optional
+        Stored in the file's metadata (``METADATA_MODEL_VERSION``). Default: the content hash
+        ``course_lib.model.model_version(pipeline)`` for an XGBoost pipeline; other pipelines get
+        no version unless one is given.
+    data_sha256 : str
+        sha256 of the training data, stored as ``METADATA_DATA_SHA256`` (default: the course CSV's).
 
     Returns
     -------
     onnx.ModelProto
         Inputs: one per feature column, shape (n, 1). Outputs: ``label`` (int64, (n,)) and
-        ``probabilities`` (float32, (n, 2)); column 1 is the churn probability.
+        ``probabilities`` (float32, (n, 2)); column 1 is the churn probability. ``metadata_props``
+        hold the model version and the data checksum (``OnnxChurnScorer.model_version`` reads them).
     """
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import FloatTensorType, StringTensorType
@@ -100,6 +125,14 @@ def pipeline_to_onnx(pipeline: Pipeline, *, target_opset: int = 17, ml_opset: in
     model.graph.name = (
         "telco_churn_pipeline"  # skl2onnx names graphs with a random uuid; keep files repeatable
     )
+    if model_version is None and "xgb" in getattr(pipeline, "named_steps", {}):
+        from course_lib.model import model_version as content_hash
+
+        model_version = content_hash(pipeline)
+    meta = {METADATA_DATA_SHA256: data_sha256}
+    if model_version is not None:
+        meta[METADATA_MODEL_VERSION] = str(model_version)
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, **meta})
     return model
 
 
@@ -169,11 +202,20 @@ class OnnxChurnScorer:
         From ``make_session(pipeline_to_onnx(...))``.
 
     The boundary check turns the errors ONNX Runtime would raise deep inside the graph (or worse, the
-    wrong answers it would silently give) into a ``ValueError`` that names the offending column.
+    wrong answers it would silently give) into a ``ValueError`` that names the offending column; values
+    outside ``course_lib.feature_schema`` raise its ``FeatureError`` (a ``ValueError``).
+
+    Attributes
+    ----------
+    model_version, data_sha256 : str or None
+        From the file's metadata (``pipeline_to_onnx`` writes them); None for a file without them.
     """
 
     def __init__(self, session: ort.InferenceSession):
         self.session = session
+        meta = session.get_modelmeta().custom_metadata_map
+        self.model_version: str | None = meta.get(METADATA_MODEL_VERSION)
+        self.data_sha256: str | None = meta.get(METADATA_DATA_SHA256)
         self.input_names = [i.name for i in session.get_inputs()]
         self._string_inputs = {i.name for i in session.get_inputs() if i.type == "tensor(string)"}
         self._output = "probabilities"
@@ -201,7 +243,6 @@ class OnnxChurnScorer:
                 + (f" (did you mean {hint[0]!r}?)" if hint else "")
                 + "; pass only course_lib.model.features(df)"
             )
-        feeds: dict[str, np.ndarray] = {}
         for name in self.input_names:
             if name not in X.columns:
                 raise ValueError(f"missing column {name!r}; the model expects {self.input_names}")
@@ -211,17 +252,15 @@ class OnnxChurnScorer:
                     raise ValueError(
                         f"column {name!r} must hold strings (one of {list(CATEGORICAL_LEVELS[name])}), got dtype {col.dtype}"
                     )
-                values = col.astype(object).to_numpy()
-                unknown = set(values) - set(CATEGORICAL_LEVELS[name])
-                if unknown:
-                    raise ValueError(
-                        f"column {name!r} has unknown levels {sorted(map(str, unknown))[:5]}; "
-                        f"allowed: {list(CATEGORICAL_LEVELS[name])}"
-                    )
-                feeds[name] = values.astype(str).reshape(-1, 1)
+            elif not pd.api.types.is_numeric_dtype(col):
+                raise ValueError(f"column {name!r} must be numeric, got dtype {col.dtype}")
+        check_frame(X)  # types, finiteness, ranges and levels of course_lib.feature_schema
+        feeds: dict[str, np.ndarray] = {}
+        for name in self.input_names:
+            col = X[name]
+            if name in self._string_inputs:
+                feeds[name] = col.astype(object).to_numpy().astype(str).reshape(-1, 1)
             else:
-                if not (pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col)):
-                    raise ValueError(f"column {name!r} must be numeric, got dtype {col.dtype}")
                 feeds[name] = col.to_numpy(dtype=np.float32, na_value=np.nan).reshape(-1, 1)
         return feeds
 
@@ -234,38 +273,38 @@ class OnnxChurnScorer:
         Raises
         ------
         ValueError
-            An empty list, a missing or unexpected key, a categorical value that is not a known
-            string level, or a numeric value that is not a number.
+            An empty list, a missing or unexpected key; ``FeatureError`` for a value outside
+            ``course_lib.feature_schema`` (wrong type, not finite, out of range, unknown level).
         """
-        if not records:
-            raise ValueError("records must hold at least one customer dict")
+        check_records(records)
         feeds: dict[str, np.ndarray] = {}
         for name in self.input_names:
-            try:
-                values = [rec[name] for rec in records]
-            except KeyError:
-                raise ValueError(f"missing field {name!r}; each record needs {self.input_names}") from None
+            values = [rec[name] for rec in records]
             if name in self._string_inputs:
-                levels = CATEGORICAL_LEVELS[name]
-                bad = [v for v in values if v not in levels]
-                if bad:
-                    raise ValueError(f"field {name!r} must be one of {list(levels)}, got {bad[0]!r}")
                 feeds[name] = np.array(values, dtype=object).reshape(-1, 1)
             else:
-                bad = [v for v in values if not (v is None or isinstance(v, (int, float, np.number)))]
-                if bad:
-                    raise ValueError(f"field {name!r} must be a number (or null for missing), got {bad[0]!r}")
                 feeds[name] = np.array(
                     [np.nan if v is None else v for v in values], dtype=np.float32
                 ).reshape(-1, 1)
-        extra = set().union(*records) - set(self.input_names)
-        if extra:
-            raise ValueError(f"unexpected fields {sorted(map(str, extra))}; allowed: {self.input_names}")
         return feeds
 
     def predict_proba(self, X: pd.DataFrame) -> np.ndarray:
         """Churn probability for each row of ``X``, float32 array of shape (n,)."""
         return self.run(self.feeds(X))
+
+    def check_model_version(self, model_version: str) -> None:
+        """Refuse to serve this file under another model's version.
+
+        Raises
+        ------
+        ModelMismatchError
+            If the file's ``model_version`` metadata is missing or differs from ``model_version``.
+        """
+        if self.model_version != str(model_version):
+            raise ModelMismatchError(
+                f"the ONNX file was exported from model {self.model_version!r}, not {str(model_version)!r}; "
+                "export it again with pipeline_to_onnx(model.pipeline) so scores and versions match"
+            )
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Run the session on prepared feeds (skips validation; for timing the runtime alone)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from course_lib.data import (
     clean_telco,
     load_telco,
 )
+from course_lib.feature_schema import check_frame
 
 __all__ = [
     "DEFAULT_NTHREAD",
@@ -48,6 +51,7 @@ __all__ = [
     "make_preprocessor",
     "make_xgb_pipeline",
     "metrics_by_slice",
+    "model_cache_key",
     "model_version",
     "split_telco",
     "tenure_band",
@@ -277,8 +281,16 @@ class ChurnModel:
     params: dict[str, object] = field(default_factory=dict)
 
     def predict_proba(self, df: pd.DataFrame) -> np.ndarray:
-        """Churn probability, shape (n,), for the 19 feature columns of ``df``."""
-        return self.pipeline.predict_proba(features(df))[:, 1]
+        """Churn probability, shape (n,), for the 19 feature columns of ``df``.
+
+        Raises
+        ------
+        course_lib.feature_schema.FeatureError
+            A value outside the declared schema (named with its column, value and allowed range).
+        """
+        X = features(df)
+        check_frame(X)
+        return self.pipeline.predict_proba(X)[:, 1]
 
 
 def train_churn_model(
@@ -306,26 +318,75 @@ def train_churn_model(
     )
 
 
+#: Modules whose code decides what ``train_churn_model`` produces (hashed into the cache key).
+_TRAINING_CODE = ("data.py", "model.py")
+#: Libraries whose version can change the trained artifact (hashed into the cache key).
+_TRAINING_LIBRARIES = ("numpy", "pandas", "scikit-learn", "xgboost")
+
+
+def model_cache_key() -> str:
+    """Key of the cached course model: everything that decides what ``train_churn_model()`` returns.
+
+    sha256 over the data checksum, ``XGB_PARAMS``, thread count and seed, the installed versions of
+    ``_TRAINING_LIBRARIES`` and the source bytes of the training code (``course_lib/data.py`` and
+    ``course_lib/model.py``); 10 hex digits. An edit to the preprocessing or a library upgrade gives a
+    new key, so a stale pickle is never served.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from course_lib.data import TELCO_SHA256
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "absent"
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(
+        json.dumps(
+            [TELCO_SHA256, XGB_PARAMS, DEFAULT_NTHREAD, SEED, [installed(n) for n in _TRAINING_LIBRARIES]],
+            default=str,
+        ).encode()
+    )
+    for name in _TRAINING_CODE:
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def _write_pickle_atomically(obj: object, path: Path) -> None:
+    """Pickle ``obj`` to a unique temporary file beside ``path``, then rename it over ``path``.
+
+    Two processes writing the same cache at once each use their own temporary file, and the rename is
+    atomic: a reader sees the old file or a complete new one, never a half-written one.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(obj, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def load_or_train_churn_model(cache_dir: str | Path = "build/models") -> ChurnModel:
     """The course model from ``cache_dir`` if a previous lesson saved it, else train it and save it.
 
-    The cache file is named after the data checksum and parameters, so a change of either retrains.
-    Relative ``cache_dir`` paths are taken from the repository root.
+    The cache file is named after ``model_cache_key()`` (data checksum, parameters, library versions,
+    training code), so a change of any of them retrains. Relative ``cache_dir`` paths are taken from the
+    repository root. Processes that train at the same time write their own temporary files.
     """
-    from course_lib.data import DATA_DIR, TELCO_SHA256
+    from course_lib.data import DATA_DIR
 
     folder = Path(cache_dir)
     if not folder.is_absolute():
         folder = DATA_DIR.parent / folder
-    key = hashlib.sha256(json.dumps([TELCO_SHA256, XGB_PARAMS, DEFAULT_NTHREAD, SEED], default=str).encode())
-    path = folder / f"churn_model_{key.hexdigest()[:10]}.pkl"
+    path = folder / f"churn_model_{model_cache_key()}.pkl"
     if path.is_file():
         with path.open("rb") as fh:
             return pickle.load(fh)
     model = train_churn_model()
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as fh:
-        pickle.dump(model, fh)
-    tmp.replace(path)
+    _write_pickle_atomically(model, path)
     return model

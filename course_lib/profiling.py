@@ -231,7 +231,8 @@ def parse_server_timing(header: str) -> dict[str, float]:
     """Parse a ``Server-Timing`` header value into {name: duration_ms}.
 
     Every metric must carry a ``dur`` parameter (other parameters such as ``desc`` are ignored), so a
-    stage can never vanish silently. Quoted parameter values holding commas are not supported (they
+    stage can never vanish silently. Optional whitespace around ``;`` and ``=`` is allowed, as in the
+    W3C grammar (``db; dur = 53`` is 53.0 ms). Quoted parameter values holding commas are not supported (they
     raise rather than being mis-read).
 
     Returns
@@ -256,7 +257,11 @@ def parse_server_timing(header: str) -> dict[str, float]:
         name, *params = (p.strip() for p in entry.split(";"))
         if not _TOKEN.match(name):
             raise ValueError(f"Server-Timing entry {entry!r} has no valid metric name")
-        durations = [p.split("=", 1)[1].strip().strip('"') for p in params if p.lower().startswith("dur=")]
+        # W3C Server Timing grammar: param = name OWS "=" OWS value, params joined by OWS ";" OWS.
+        pairs = [p.partition("=") for p in params]
+        durations = [
+            value.strip().strip('"') for key, eq, value in pairs if eq and key.strip().lower() == "dur"
+        ]
         if not durations:
             raise ValueError(f"Server-Timing entry {entry!r} has no dur=<ms> parameter")
         try:

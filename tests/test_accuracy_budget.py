@@ -96,3 +96,10 @@ def test_bad_bootstrap_arguments_raise(test_frame):
         auc_difference_ci(labels(df), p, p, level=1.5)
     with pytest.raises(ValueError, match="equal length"):
         auc_difference_ci(labels(df), p, p[:-1])
+
+
+def test_auc_interval_with_a_single_class_raises_a_clear_value_error():
+    y = np.zeros(50, dtype=int)
+    p = np.linspace(0, 1, 50)
+    with pytest.raises(ValueError, match="single class"):
+        auc_difference_ci(y, p, p[::-1], n_boot=100)

@@ -325,3 +325,120 @@ def test_every_request_is_answered_once_with_its_own_value(n, max_batch_size, de
     assert all(len(batch) <= max_batch_size for batch in batches)
     assert sum(len(batch) for batch in batches) + stats.deduplicated == n
     assert stats.completed == stats.submitted == n
+
+
+# -- cancellation at every point of a request's life (issue 10, item 4; ray-project/ray#50046) -----
+def test_three_cancelled_callers_free_their_slots_at_once_and_never_reach_the_model():
+    """The vector: max_queue_size=3, 50 ms delay, three callers cancel, then a new submit."""
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=50.0, max_queue_size=3) as b:
+            gone = [asyncio.create_task(b.submit(i)) for i in (1, 2, 3)]
+            await wait_until(lambda: b.queue_len == 3)
+            for task in gone:
+                task.cancel()
+            await asyncio.gather(*gone, return_exceptions=True)
+            assert b.queue_len == 0  # freed at once, not when the timer fires
+            fresh = await b.submit(4)  # accepted (was QueueFullError) and scored
+            return fresh, b.stats
+
+    fresh, stats = run(main())
+    assert fresh.value == 40 and fresh.batch_size == 1
+    assert scorer.batches == [[4]]  # the three cancelled rows never reached the model
+    assert (stats.cancelled_by_caller, stats.completed, stats.rejected_queue_full) == (3, 1, 0)
+
+
+def test_a_cancelled_duplicate_leaves_the_shared_row_to_the_others():
+    scorer = RecordingScorer()
+
+    async def main():
+        async with DynamicBatcher(
+            scorer, max_batch_size=8, max_queue_delay_ms=30.0, dedup_key=lambda x: x, run_in_thread=False
+        ) as b:
+            first = asyncio.create_task(b.submit(7))
+            joiner = asyncio.create_task(b.submit(7))
+            await wait_until(lambda: b.queue_len == 2)
+            first.cancel()  # the entry's first waiter leaves; the row stays for the joiner
+            result = await joiner
+            return result, b.stats
+
+    result, stats = run(main())
+    assert result.value == 70 and scorer.batches == [[7]]
+    assert (stats.cancelled_by_caller, stats.completed, stats.deduplicated) == (1, 1, 1)
+
+
+def test_a_caller_cancelled_while_its_batch_runs_is_counted_once_when_the_batch_ends():
+    scorer = RecordingScorer(block_first=True)
+
+    async def main():
+        async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=0.0) as b:
+            inside = asyncio.create_task(b.submit(1))
+            await wait_until(lambda: len(scorer.batches) == 1)  # in the model call now
+            inside.cancel()
+            await asyncio.gather(inside, return_exceptions=True)
+            scorer.gate.set()
+            after = await b.submit(2)
+            return after, b.stats
+
+    after, stats = run(main())
+    assert after.value == 20
+    assert (stats.cancelled_by_caller, stats.completed) == (1, 1)
+    assert stats.submitted == stats.completed + stats.cancelled_by_caller
+
+
+def test_a_caller_cancelled_during_shutdown_is_counted_once():
+    scorer = RecordingScorer()
+
+    async def main():
+        b = DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=5_000.0)
+        await b.start()
+        waiting = [asyncio.create_task(b.submit(i)) for i in range(3)]
+        await wait_until(lambda: b.queue_len == 3)
+        waiting[0].cancel()
+        await asyncio.gather(waiting[0], return_exceptions=True)
+        await b.stop()
+        outcomes = await asyncio.gather(*waiting[1:], return_exceptions=True)
+        return outcomes, b.stats
+
+    outcomes, stats = run(main())
+    assert all(isinstance(o, BatcherClosedError) for o in outcomes)
+    assert (stats.cancelled_by_caller, stats.closed_before_scoring) == (1, 2)
+    assert scorer.batches == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 24),
+    cancel=st.lists(st.booleans(), min_size=24, max_size=24),
+    keys=st.lists(st.integers(0, 4), min_size=24, max_size=24),
+)
+def test_cancelled_requests_never_reach_the_model_and_every_request_is_counted_once(n, cancel, keys):
+    items, scored = keys[:n], []
+
+    def score(xs):
+        scored.extend(xs)
+        return [x * 3 for x in xs]
+
+    async def main():
+        async with DynamicBatcher(
+            score, max_batch_size=8, max_queue_delay_ms=5_000.0, dedup_key=lambda x: x, run_in_thread=False
+        ) as b:
+            tasks = [asyncio.create_task(b.submit(x)) for x in items]
+            await wait_until(lambda: b.queue_len == n)
+            dropped = [task for task, drop in zip(tasks, cancel, strict=False) if drop]
+            for task in dropped:
+                task.cancel()
+            await asyncio.gather(*dropped, return_exceptions=True)  # each cancellation has run
+            kept = [x for x, drop in zip(items, cancel, strict=False) if not drop]
+            assert b.queue_len == len(kept)  # slots freed at once
+            await b.stop(drain=True)  # score what is left without waiting for the 5 s timer
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            return kept, results, b.stats
+
+    kept, results, stats = run(main())
+    assert sorted(scored) == sorted(set(kept))  # cancelled-only rows never reached the model
+    answered = [r.value for r in results if isinstance(r, BatchedResult)]
+    assert answered == [3 * x for x in kept]
+    assert stats.cancelled_by_caller == n - len(kept)
+    assert stats.submitted == stats.completed + stats.cancelled_by_caller

@@ -89,7 +89,7 @@ def test_records_with_bad_fields_are_rejected(churn_model, onnx_scorer):
     record = {k: (v.item() if hasattr(v, "item") else v) for k, v in record.items()}
     with pytest.raises(ValueError, match="missing field 'tenure'"):
         onnx_scorer.feeds_from_records([{k: v for k, v in record.items() if k != "tenure"}])
-    with pytest.raises(ValueError, match="'tenure' must be a number"):
+    with pytest.raises(ValueError, match=r"'tenure' must be an integer in \[0, 72\].*got '12'"):
         onnx_scorer.feeds_from_records([{**record, "tenure": "12"}])
     with pytest.raises(ValueError, match="unexpected fields"):
         onnx_scorer.feeds_from_records([{**record, "colour": "red"}])
@@ -125,3 +125,54 @@ def test_scorer_rejects_non_dataframes(onnx_scorer):
         onnx_scorer.predict_proba(np.zeros((2, 19)))
     with pytest.raises(ValueError, match="at least one row"):
         check_parity(None, onnx_scorer, pd.DataFrame())
+
+
+# -- each score tied to the model that made it (issue 10, item 3) ------------------------------
+def test_the_onnx_file_carries_the_model_version_and_the_data_checksum(churn_model, onnx_model, onnx_scorer):
+    from course_lib.data import TELCO_SHA256
+    from course_lib.export import METADATA_DATA_SHA256, METADATA_MODEL_VERSION
+
+    meta = {p.key: p.value for p in onnx_model.metadata_props}
+    assert meta[METADATA_MODEL_VERSION] == churn_model.model_version
+    assert meta[METADATA_DATA_SHA256] == TELCO_SHA256
+    assert (onnx_scorer.model_version, onnx_scorer.data_sha256) == (churn_model.model_version, TELCO_SHA256)
+    onnx_scorer.check_model_version(churn_model.model_version)
+
+
+def test_a_model_paired_with_another_models_onnx_file_is_refused(churn_model, onnx_scorer, tmp_path):
+    """The vector: churn_service(churn_model=A, onnx_scorer=B) answered B's score under A's version."""
+    from course_lib.batching_service import churn_service
+    from course_lib.export import ModelMismatchError, OnnxChurnScorer
+    from course_lib.model import train_churn_model
+
+    other = train_churn_model(n_estimators=20)
+    assert other.model_version != churn_model.model_version
+    with pytest.raises(ModelMismatchError, match=f"exported from model '{churn_model.model_version}'"):
+        churn_service(
+            "onnxruntime", churn_model=other, onnx_scorer=onnx_scorer, n_customers=500, store_folder=tmp_path
+        )
+    unversioned = pipeline_to_onnx(churn_model.pipeline)
+    del unversioned.metadata_props[:]
+    with pytest.raises(ModelMismatchError, match="exported from model None"):
+        OnnxChurnScorer(make_session(unversioned)).check_model_version(churn_model.model_version)
+    matched = churn_service(
+        "onnxruntime",
+        churn_model=churn_model,
+        onnx_scorer=onnx_scorer,
+        n_customers=500,
+        store_folder=tmp_path,
+    )
+    answer = matched.handle(b'{"customer_id": "SC-0000042"}').json()
+    assert answer["model_version"] == onnx_scorer.model_version == churn_model.model_version
+
+
+def test_a_pipeline_without_trees_gets_a_version_only_when_given(churn_model):
+    from course_lib.export import METADATA_MODEL_VERSION
+    from course_lib.model import make_baseline_pipeline
+
+    X, y = features(churn_model.split.train), churn_model.split.train["churn"].astype(int)
+    logistic = make_baseline_pipeline().fit(X, y)
+    keys = {p.key for p in pipeline_to_onnx(logistic).metadata_props}
+    assert METADATA_MODEL_VERSION not in keys
+    tagged = pipeline_to_onnx(logistic, model_version="logistic-1")
+    assert {p.key: p.value for p in tagged.metadata_props}[METADATA_MODEL_VERSION] == "logistic-1"

@@ -74,3 +74,67 @@ def test_metrics_reject_mismatched_lengths():
 def test_metrics_of_a_single_class_slice_leave_auc_undefined():
     m = classification_metrics(np.array([0, 0, 0]), np.array([0.1, 0.2, 0.3]))
     assert np.isnan(m["roc_auc"]) and m["n"] == 3
+
+
+# -- the model cache (issue 10, item 5) --------------------------------------------------------
+def test_the_cache_key_changes_with_library_versions_and_training_code(monkeypatch):
+    import importlib.metadata
+
+    from course_lib import model
+
+    key = model.model_cache_key()
+    assert key == model.model_cache_key() and len(key) == 10
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "9.9.9" if name == "xgboost" else real_version(name)
+    )
+    assert model.model_cache_key() != key  # an XGBoost upgrade retrains
+    monkeypatch.undo()
+    monkeypatch.setattr(model, "_TRAINING_CODE", ("data.py",))
+    assert model.model_cache_key() != key  # the hash covers model.py's code
+    monkeypatch.undo()
+    real_read = model.Path.read_bytes
+    monkeypatch.setattr(
+        model.Path,
+        "read_bytes",
+        lambda self: real_read(self) + (b"# edited" if self.name == "data.py" else b""),
+    )
+    assert model.model_cache_key() != key  # an edit to the preprocessing code retrains
+
+
+def test_concurrent_cache_writers_use_their_own_temporary_files(tmp_path):
+    import pickle
+    import threading
+
+    from course_lib.model import _write_pickle_atomically
+
+    path = tmp_path / "churn_model_x.pkl"
+    barrier, errors = threading.Barrier(8), []
+
+    def write(i: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(20):
+                _write_pickle_atomically({"writer": i, "payload": list(range(5000))}, path)
+        except Exception as exc:  # with one shared temp name, a rename finds its file gone
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    with path.open("rb") as fh:
+        assert pickle.load(fh)["payload"][-1] == 4999  # a complete file from one writer
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_load_or_train_reuses_the_cache_named_by_the_key(tmp_path, monkeypatch):
+    import pickle
+
+    from course_lib import model
+
+    path = tmp_path / f"churn_model_{model.model_cache_key()}.pkl"
+    path.write_bytes(pickle.dumps("cached model"))
+    assert model.load_or_train_churn_model(tmp_path) == "cached model"

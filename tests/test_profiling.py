@@ -235,6 +235,12 @@ def test_server_timing_parser_rejects_malformed_entries(header, reason):
         parse_server_timing(header)
 
 
+def test_server_timing_parser_allows_whitespace_around_equals_and_semicolons():
+    """The vector: ``db; dur = 53`` raised; the W3C grammar allows OWS around ``;`` and ``=``."""
+    assert parse_server_timing("db; dur = 53") == {"db": 53.0}
+    assert parse_server_timing('cache ;desc = "x" ; dur= 1.5 , db;dur =2') == {"cache": 1.5, "db": 2.0}
+
+
 stage_names = st.from_regex(r"[a-z][a-z0-9_]{0,11}", fullmatch=True).filter(lambda s: s != END_TO_END)
 
 
@@ -288,3 +294,14 @@ def test_profile_requests_validates_its_arguments(kwargs, match):
     args = {"send": lambda k: RequestProfile(k, {"x": 1.0}), "keys": ["a"], **kwargs}
     with pytest.raises(ValueError, match=match):
         profile_requests(**args)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    stages_ms=st.dictionaries(stage_names, st.floats(min_value=0, max_value=1e5), min_size=1, max_size=4),
+    spaces=st.lists(st.sampled_from(["", " ", "\t", "  "]), min_size=4, max_size=4),
+)
+def test_server_timing_parser_ignores_optional_whitespace_anywhere_the_grammar_allows(stages_ms, spaces):
+    a, b, c, d = spaces
+    header = ",".join(f"{d}{name}{a};{b}dur{c}={d}{ms!r}{a}" for name, ms in stages_ms.items())
+    assert parse_server_timing(header) == stages_ms

@@ -1,0 +1,94 @@
+"""One frozen config for batcher knobs and server limits; the command line is generated from it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib.batcher import DynamicBatcher
+from course_lib.batching_service import create_batched_app
+from course_lib.server import serve_in_thread
+from course_lib.server_config import (
+    DEFAULTS,
+    ServerConfig,
+    add_arguments,
+    from_arguments,
+    split_config,
+    to_argv,
+)
+
+
+def parse(argv):
+    return from_arguments(add_arguments(argparse.ArgumentParser()).parse_args(argv))
+
+
+def test_defaults_are_written_once_and_used_everywhere():
+    assert parse([]) == DEFAULTS
+    app_defaults = inspect.signature(create_batched_app).parameters
+    for name in (
+        "max_batch_size",
+        "max_queue_delay_ms",
+        "max_queue_size",
+        "dedup",
+        "instances",
+        "run_in_thread",
+    ):
+        assert app_defaults[name].default == getattr(DEFAULTS, name), name
+    assert inspect.signature(DynamicBatcher).parameters["max_queue_size"].default == DEFAULTS.max_queue_size
+    assert (
+        inspect.signature(serve_in_thread).parameters["max_lifetime_s"].default
+        == DEFAULTS.lifetime_s
+        == 300.0
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    max_batch_size=st.integers(1, 512),
+    max_queue_delay_ms=st.floats(0, 1e4, allow_nan=False),
+    preferred=st.lists(st.integers(1, 512), max_size=3),
+    dedup=st.booleans(),
+    run_in_thread=st.booleans(),
+    lifetime_s=st.floats(0.001, 1e6, allow_nan=False),
+    max_connections=st.integers(1, 10_000),
+)
+def test_the_command_line_round_trips_every_field(
+    max_batch_size, max_queue_delay_ms, preferred, dedup, run_in_thread, lifetime_s, max_connections
+):
+    config = ServerConfig(
+        max_batch_size=max_batch_size,
+        max_queue_delay_ms=max_queue_delay_ms,
+        preferred_batch_sizes=preferred,
+        dedup=dedup,
+        run_in_thread=run_in_thread,
+        lifetime_s=lifetime_s,
+        max_connections=max_connections,
+    )
+    assert parse(to_argv(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lifetime_s": 0}, "lifetime_s must be a finite number of seconds > 0, got 0"),
+        ({"body_timeout_s": float("inf")}, "body_timeout_s must be a finite number"),
+        ({"header_timeout_s": True}, "header_timeout_s must be"),
+        ({"max_connections": 0}, "max_connections must be an integer >= 1, got 0"),
+    ],
+)
+def test_limits_out_of_range_are_refused_with_their_name(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ServerConfig(**changes)
+
+
+def test_the_config_is_frozen_and_split_from_other_options():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULTS.lifetime_s = 1.0  # type: ignore[misc]
+    config, rest = split_config({"max_batch_size": 8, "runtime": "xgboost"})
+    assert config == DEFAULTS.replace(max_batch_size=8) and rest == {"runtime": "xgboost"}
+    assert config.batcher_kwargs()["max_batch_size"] == 8
