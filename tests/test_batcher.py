@@ -335,7 +335,7 @@ def test_three_cancelled_callers_free_their_slots_at_once_and_never_reach_the_mo
     async def main():
         async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=50.0, max_queue_size=3) as b:
             gone = [asyncio.create_task(b.submit(i)) for i in (1, 2, 3)]
-            await wait_until(lambda: b.queue_len == 3)
+            await async_wait_until(lambda: b.queue_len == 3)
             for task in gone:
                 task.cancel()
             await asyncio.gather(*gone, return_exceptions=True)
@@ -358,7 +358,7 @@ def test_a_cancelled_duplicate_leaves_the_shared_row_to_the_others():
         ) as b:
             first = asyncio.create_task(b.submit(7))
             joiner = asyncio.create_task(b.submit(7))
-            await wait_until(lambda: b.queue_len == 2)
+            await async_wait_until(lambda: b.queue_len == 2)
             first.cancel()  # the entry's first waiter leaves; the row stays for the joiner
             result = await joiner
             return result, b.stats
@@ -374,7 +374,7 @@ def test_a_caller_cancelled_while_its_batch_runs_is_counted_once_when_the_batch_
     async def main():
         async with DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=0.0) as b:
             inside = asyncio.create_task(b.submit(1))
-            await wait_until(lambda: len(scorer.batches) == 1)  # in the model call now
+            await async_wait_until(lambda: len(scorer.batches) == 1)  # in the model call now
             inside.cancel()
             await asyncio.gather(inside, return_exceptions=True)
             scorer.gate.set()
@@ -394,7 +394,7 @@ def test_a_caller_cancelled_during_shutdown_is_counted_once():
         b = DynamicBatcher(scorer, max_batch_size=8, max_queue_delay_ms=5_000.0)
         await b.start()
         waiting = [asyncio.create_task(b.submit(i)) for i in range(3)]
-        await wait_until(lambda: b.queue_len == 3)
+        await async_wait_until(lambda: b.queue_len == 3)
         waiting[0].cancel()
         await asyncio.gather(waiting[0], return_exceptions=True)
         await b.stop()
@@ -425,7 +425,7 @@ def test_cancelled_requests_never_reach_the_model_and_every_request_is_counted_o
             score, max_batch_size=8, max_queue_delay_ms=5_000.0, dedup_key=lambda x: x, run_in_thread=False
         ) as b:
             tasks = [asyncio.create_task(b.submit(x)) for x in items]
-            await wait_until(lambda: b.queue_len == n)
+            await async_wait_until(lambda: b.queue_len == n)
             dropped = [task for task, drop in zip(tasks, cancel, strict=False) if drop]
             for task in dropped:
                 task.cancel()
