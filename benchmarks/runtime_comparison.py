@@ -9,28 +9,25 @@ ratios are comparable even on a noisy machine; absolute times are for your machi
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 import pandas as pd
 
 from course_lib import env_report
-from course_lib.bench import compare_latency
+from course_lib.bench import compare_latency, usable_cores
 from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 from course_lib.model import features, train_churn_model
-
-
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+from course_lib.tree_pruning import served_rounds
 
 
 def _tables(threads: int, n_calls: int, rounds: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """threads = 0 means all cores: XGBoost gets n_jobs = usable cores explicitly (so the Makefile's
     OMP_NUM_THREADS=1 does not cap it) and ONNX Runtime its default pool (one thread per physical core)."""
-    model = train_churn_model(nthread=threads if threads > 0 else _usable_cores())
+    model = train_churn_model(nthread=threads if threads > 0 else usable_cores())
     scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(model.pipeline), intra_op_num_threads=threads))
     encoder = model.pipeline.named_steps["preprocess"]
     booster = model.pipeline.named_steps["xgb"].get_booster()
+    served = (0, served_rounds(model.pipeline.named_steps["xgb"]))  # the trees predict_proba uses
     row = features(model.split.test.iloc[[0]])
     record = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.iloc[0].to_dict().items()}
     row_enc, row_feeds = encoder.transform(row).astype(np.float32), scorer.feeds(row)
@@ -39,7 +36,7 @@ def _tables(threads: int, n_calls: int, rounds: int) -> tuple[pd.DataFrame, pd.D
     single = compare_latency(
         {
             "sklearn predict_proba": lambda: model.pipeline.predict_proba(row),
-            "xgboost inplace_predict": lambda: booster.inplace_predict(row_enc),
+            "xgboost inplace_predict": lambda: booster.inplace_predict(row_enc, iteration_range=served),
             "onnxruntime from dict": lambda: scorer.run(scorer.feeds_from_records([record])),
             "onnxruntime": lambda: scorer.run(row_feeds),
         },
@@ -49,7 +46,7 @@ def _tables(threads: int, n_calls: int, rounds: int) -> tuple[pd.DataFrame, pd.D
     batched = compare_latency(
         {
             "sklearn predict_proba": lambda: model.pipeline.predict_proba(batch),
-            "xgboost inplace_predict": lambda: booster.inplace_predict(batch_enc),
+            "xgboost inplace_predict": lambda: booster.inplace_predict(batch_enc, iteration_range=served),
             "onnxruntime": lambda: scorer.run(batch_feeds),
         },
         n_calls=max(3, n_calls // 20),
@@ -67,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(env_report(), "\n")
     pd.set_option("display.width", 120)
     for threads in (1, 0):
-        label = "1 thread (course pinning)" if threads else f"all {_usable_cores()} cores"
+        label = "1 thread (course pinning)" if threads else f"all {usable_cores()} cores"
         single, batched = _tables(threads, args.n_calls, args.rounds)
         print(f"== one row, {label} ==")
         print(single.round(2).to_string(), "\n")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from course_lib.bench import time_calls_ns
+from course_lib.bench import interleaved_rounds_ns
 from course_lib.percentiles import percentile
 
 __all__ = [
@@ -250,6 +250,9 @@ def measure_call_ms(
 ) -> pd.DataFrame:
     """Time one model call at each batch size; interleaved rounds, warm-up excluded.
 
+    The batch sizes are the candidates of :func:`course_lib.bench.interleaved_rounds_ns`, so drift on
+    the machine spreads over every size alike.
+
     Parameters
     ----------
     make_call : callable batch_size -> zero-argument callable
@@ -278,16 +281,12 @@ def measure_call_ms(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if n_calls < 1:
         raise ValueError(f"n_calls must be >= 1, got {n_calls}")
-    calls = {b: make_call(b) for b in sizes}
-    for fn in calls.values():
-        time_calls_ns(fn, 1, warmup_calls=warmup_calls)
-    samples: dict[int, list[np.ndarray]] = {b: [] for b in sizes}
-    for _ in range(rounds):
-        for b, fn in calls.items():
-            samples[b].append(time_calls_ns(fn, n_calls))
+    samples = interleaved_rounds_ns(
+        {b: make_call(b) for b in sizes}, n_calls=n_calls, rounds=rounds, warmup_calls=warmup_calls
+    )
     rows = []
     for b in sizes:
-        ms = np.concatenate(samples[b]) / 1e6
+        ms = samples[b].ravel() / 1e6
         median = float(np.median(ms))
         rows.append(
             {

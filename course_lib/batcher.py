@@ -51,8 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
 
+from course_lib.batching_rule import check_batching_params, next_batch_size
 from course_lib.server_config import DEFAULTS
-from course_lib.simulator import check_batching_params, next_batch_size
 
 __all__ = [
     "BatchScoringError",

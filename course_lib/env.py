@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from course_lib.bench import usable_cores
+
 __all__ = ["THREAD_ENV_VARS", "EnvReport", "cpu_model", "env_report"]
 
 THREAD_ENV_VARS: tuple[str, ...] = (
@@ -111,14 +113,13 @@ def env_report() -> EnvReport:
         providers = list(ort.get_available_providers())
     except ImportError:  # pragma: no cover - onnxruntime is a dependency
         providers = []
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     packages = {name: v for name in _PACKAGES if (v := _version(name)) is not None}
     return EnvReport(
         python=sys.version.split()[0],
         platform=platform.platform(),
         cpu=cpu_model(),
         logical_cores=os.cpu_count() or 1,
-        usable_cores=usable,
+        usable_cores=usable_cores(),
         thread_env={k: os.environ.get(k, "unset") for k in THREAD_ENV_VARS},
         onnxruntime_providers=providers,
         packages=packages,

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from course_lib.batching_rule import poisson_arrivals_ms
 from course_lib.percentiles import percentiles
-from course_lib.simulator import poisson_arrivals_ms
 
 __all__ = [
     "SERVED_FIELDS",

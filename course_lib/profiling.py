@@ -280,7 +280,7 @@ class LatencyBudget:
     Parameters
     ----------
     target_p50_ms, target_p99_ms : float, optional
-        End-to-end targets (e.g. an SLA of p99 < 60 ms). A percentile *above* its target is a breach.
+        End-to-end targets (e.g. an SLO of p99 < 60 ms). A percentile *above* its target is a breach.
     stage_targets_ms : dict of str -> (p50_ms or None, p99_ms or None), optional
         Per-stage targets, e.g. ``{"lookup": (None, 10.0)}``.
 
@@ -376,7 +376,7 @@ class LatencyBudget:
         Raises
         ------
         ValueError
-            If no profile has been recorded (a budget of nothing is not "0 ms, SLA met", as the source
+            If no profile has been recorded (a budget of nothing is not "0 ms, SLO met", as the source
             lesson's version reports).
         """
         if not self.profiles:
@@ -427,7 +427,7 @@ def profile_requests(
         Stop after this many seconds even if keys remain; a ``RuntimeWarning`` then says how many
         requests were measured, and the budget's ``count`` shows it too.
     budget : LatencyBudget, optional
-        Budget to add to (e.g. one with SLA targets); a new one without targets by default.
+        Budget to add to (e.g. one with SLO targets); a new one without targets by default.
 
     Returns
     -------

@@ -11,7 +11,8 @@ batcher applies Triton's rule (``next_batch_size``) to the queue:
 
 Requests that arrive while every instance is busy queue up and leave together, as one batch, when
 an instance frees. The same inputs always give the same output: there is no randomness and no clock.
-``course_lib.batcher`` applies the very same ``next_batch_size`` rule to real requests.
+The rule itself, its knobs' checks and Poisson arrivals live in :mod:`course_lib.batching_rule`
+(re-exported here), which ``course_lib.batcher`` imports to apply the very same rule to real requests.
 
 References
 ----------
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from course_lib.batching_rule import TRIGGERS, check_batching_params, next_batch_size, poisson_arrivals_ms
 from course_lib.percentiles import percentile, percentiles
 
 __all__ = [
@@ -43,145 +45,7 @@ __all__ = [
     "sweep_offered_load",
 ]
 
-#: Why a batch left the queue when it did.
-#: ``max_batch_size``: the batch is full. ``preferred_batch_size``: the queue reached a preferred size
-#: smaller than the maximum. ``max_queue_delay``: the oldest request had waited ``max_queue_delay_ms``
-#: (0 ms with no delay) while an instance was free. ``instance_free``: the oldest request's delay
-#: had already run out while every instance was busy, and the batch left as soon as one freed.
-TRIGGERS: tuple[str, ...] = ("max_batch_size", "preferred_batch_size", "max_queue_delay", "instance_free")
-
 ServiceTime = float | Callable[[int], float]
-
-
-def _is_int(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
-
-
-def check_batching_params(
-    max_batch_size: int, max_queue_delay_ms: float, preferred_batch_sizes: Iterable[int] = ()
-) -> tuple[int, float, tuple[int, ...]]:
-    """Validate the three dynamic-batching knobs and return them normalised.
-
-    Parameters
-    ----------
-    max_batch_size : int >= 1
-    max_queue_delay_ms : float >= 0, finite
-    preferred_batch_sizes : iterable of int in [1, max_batch_size]
-        Empty means Triton's default, ``(max_batch_size,)``.
-
-    Returns
-    -------
-    (max_batch_size, max_queue_delay_ms, preferred_batch_sizes) with the preferred sizes sorted,
-    de-duplicated and defaulted.
-
-    Raises
-    ------
-    ValueError
-        For a size below 1, a negative / NaN / infinite delay, or a preferred size outside
-        [1, max_batch_size].
-    """
-    if not _is_int(max_batch_size) or max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
-    if (
-        isinstance(max_queue_delay_ms, bool)
-        or not isinstance(max_queue_delay_ms, (int, float, np.number))
-        or not math.isfinite(max_queue_delay_ms)
-        or max_queue_delay_ms < 0
-    ):
-        raise ValueError(
-            f"max_queue_delay_ms must be a finite number >= 0 (0 = never wait), got {max_queue_delay_ms!r}"
-        )
-    preferred = tuple(preferred_batch_sizes)
-    for size in preferred:
-        if not _is_int(size) or not 1 <= size <= max_batch_size:
-            raise ValueError(
-                f"preferred_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], got {size!r}"
-            )
-    normalised = tuple(sorted({int(s) for s in preferred})) or (int(max_batch_size),)
-    return int(max_batch_size), float(max_queue_delay_ms), normalised
-
-
-def next_batch_size(
-    queue_len: int,
-    now_ms: float,
-    oldest_arrival_ms: float,
-    *,
-    max_batch_size: int,
-    max_queue_delay_ms: float,
-    preferred_batch_sizes: Sequence[int],
-) -> tuple[int, str | None]:
-    """Triton's decision for a free model instance: how many queued requests to send now.
-
-    Call it only when an instance is free and the queue is not empty. Parameters must already be
-    normalised by ``check_batching_params`` (preferred sizes sorted, never empty).
-
-    Parameters
-    ----------
-    queue_len : int >= 1
-        Requests waiting, oldest first.
-    now_ms : float
-        Current time, ms.
-    oldest_arrival_ms : float
-        When the oldest queued request arrived, ms.
-    max_batch_size, max_queue_delay_ms, preferred_batch_sizes
-        The batcher's knobs.
-
-    Returns
-    -------
-    (size, trigger)
-        ``size`` requests (the oldest ones) form the next batch; ``(0, None)`` means wait until a
-        new request arrives or the oldest request's delay runs out at
-        ``oldest_arrival_ms + max_queue_delay_ms``. ``trigger`` is ``"max_batch_size"``,
-        ``"preferred_batch_size"`` or ``"max_queue_delay"``.
-
-    References
-    ----------
-    ``DynamicBatchScheduler::GetDynamicBatch`` in triton-inference-server/core: a preferred size is
-    sent at once unless the delay is exceeded; once it is exceeded (or with no delay configured),
-    everything pending up to ``max_batch_size`` is sent as it is.
-    """
-    pending = min(queue_len, max_batch_size)
-    best = 0
-    for size in preferred_batch_sizes:
-        if size <= pending:
-            best = size
-    exceeded = max_queue_delay_ms > 0 and now_ms >= oldest_arrival_ms + max_queue_delay_ms
-    if best and not exceeded:
-        return best, ("max_batch_size" if best == max_batch_size else "preferred_batch_size")
-    if exceeded or max_queue_delay_ms == 0:
-        return pending, ("max_batch_size" if pending == max_batch_size else "max_queue_delay")
-    return 0, None
-
-
-def poisson_arrivals_ms(rate_rps: float, n: int, seed: int) -> np.ndarray:
-    """Arrival times of a Poisson process: exponential gaps with mean 1000 / rate_rps ms.
-
-    Parameters
-    ----------
-    rate_rps : float > 0
-        Offered load, requests per second.
-    n : int >= 1
-        Number of arrivals.
-    seed : int
-        Seed of ``numpy.random.default_rng``; the same seed gives the same times.
-
-    Returns
-    -------
-    ndarray of float, shape (n,): increasing arrival times in ms, the first one gap after t = 0.
-
-    Raises
-    ------
-    ValueError
-        For a rate that is not a finite number > 0, or n < 1.
-    """
-    if isinstance(rate_rps, bool) or not isinstance(rate_rps, (int, float, np.number)):
-        raise ValueError(f"rate_rps must be a number of requests per second > 0, got {rate_rps!r}")
-    if not math.isfinite(rate_rps) or rate_rps <= 0:
-        raise ValueError(f"rate_rps must be a finite number > 0, got {rate_rps!r}")
-    if not _is_int(n) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    rng = np.random.default_rng(seed)
-    return np.cumsum(rng.exponential(1000.0 / rate_rps, size=int(n)))
 
 
 def _service_fn(service_time_ms: ServiceTime) -> Callable[[int], float]:
@@ -244,10 +108,14 @@ class BatchingResult:
     batches: pd.DataFrame
     params: dict[str, object] = field(default_factory=dict)
 
-    def throughput_rps(self) -> float:
+    def achieved_rps(self) -> float:
         """Completed requests per second from the first arrival to the last completion."""
         span_ms = float(self.requests["completion_ms"].max() - self.requests["arrival_ms"].min())
         return math.inf if span_ms == 0 else 1000.0 * len(self.requests) / span_ms
+
+    def throughput_rps(self) -> float:
+        """Old name of :meth:`achieved_rps`; remove once Lesson 3 uses the new name."""
+        return self.achieved_rps()
 
     def offered_rps(self) -> float:
         """Arrival rate: (n - 1) gaps over the arrival span, requests per second (nan for one request)."""
@@ -269,10 +137,10 @@ class BatchingResult:
         span_ms = float(self.requests["completion_ms"].max() - self.requests["arrival_ms"].min())
         instances = int(self.params.get("instances", 1))
         busy_ms = float(self.batches["service_ms"].sum())
-        return {
+        row = {
             "n_requests": len(self.requests),
             "offered_rps": self.offered_rps(),
-            "throughput_rps": self.throughput_rps(),
+            "achieved_rps": self.achieved_rps(),
             "mean_batch_size": float(self.batches["size"].mean()),
             "p50_ms": lat["p50"],
             "p95_ms": lat["p95"],
@@ -280,6 +148,8 @@ class BatchingResult:
             "p99_queue_wait_ms": percentile(self.requests["queue_wait_ms"].to_numpy(), 99),
             "utilisation": busy_ms / (span_ms * instances) if span_ms > 0 else math.nan,
         }
+        row["throughput_rps"] = row["achieved_rps"]  # old name: remove once Lesson 3 reads achieved_rps
+        return row
 
 
 def simulate_dynamic_batching(
@@ -336,7 +206,7 @@ def simulate_dynamic_batching(
     max_batch_size, delay, preferred = check_batching_params(
         max_batch_size, max_queue_delay_ms, preferred_batch_sizes
     )
-    if not _is_int(instances) or instances < 1:
+    if isinstance(instances, bool) or not isinstance(instances, (int, np.integer)) or instances < 1:
         raise ValueError(f"instances must be an integer >= 1, got {instances!r}")
     arrivals = _check_arrivals(arrival_times_ms)
     service = _service_fn(service_time_ms)

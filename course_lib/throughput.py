@@ -3,7 +3,7 @@
 A replica here is one worker making one model call at a time, with its threads pinned (XGBoost
 ``nthread=1``, ONNX Runtime ``intra_op_num_threads=1``; a GPU replica is one GPU driven by one such
 worker). For each batch size the candidates are timed side by side in interleaved rounds (the course
-harness's :func:`course_lib.bench.time_calls_ns`), warm-up excluded. Each round gives its own p99
+harness, :func:`course_lib.bench.interleaved_rounds_ns`), warm-up excluded. Each round gives its own p99
 (nearest rank) of the call time; the table keeps the median over all calls, the **median of the
 per-round p99s** (``p99_us``) and, for honesty, the p99 of all calls pooled (``p99_pooled_us``).
 
@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from course_lib.bench import compare_latency, time_calls_ns
+from course_lib.bench import calls_per_round, interleaved_rounds_ns, p99_median_of_rounds_us
 from course_lib.data import DATA_DIR
 from course_lib.percentiles import percentile
 
@@ -57,7 +57,6 @@ __all__ = [
     "SCHEMA",
     "Candidate",
     "ThroughputRecord",
-    "churn_candidates",
     "load_measurement",
     "measure_batch_latency",
     "onnx_node_placement",
@@ -95,103 +94,14 @@ class Candidate:
     max_batch_size: int | None = None
 
 
-def churn_candidates(
-    churn_model: object,
-    onnx_model: object,
-    *,
-    runtimes: Sequence[str] = ("onnxruntime", "xgboost"),
-    device: str = "cpu",
-    n_rows: int = 4096,
-    max_batch_size: int | None = None,
-    seed: int = 0,
-) -> list[Candidate]:
-    """Candidates that score synthetic customers with the course model, one per runtime, on one device.
+def __getattr__(name: str) -> object:
+    # The churn model's candidates live in course_lib.throughput_candidates (model-specific); this keeps
+    # ``from course_lib.throughput import churn_candidates`` working without an import cycle.
+    if name == "churn_candidates":
+        from course_lib.throughput_candidates import churn_candidates
 
-    Parameters
-    ----------
-    churn_model : course_lib.model.ChurnModel
-    onnx_model : onnx.ModelProto
-        ``pipeline_to_onnx(churn_model.pipeline)``.
-    runtimes : subset of {"onnxruntime", "xgboost"}
-        ``onnxruntime``: the whole pipeline as one ONNX graph (one-hot + trees) fed prepared arrays,
-        as ``OnnxChurnScorer.run``. ``xgboost``: the booster's ``inplace_predict`` on the already
-        one-hot-encoded float32 matrix (preprocessing excluded). Both with one thread.
-    device : {"cpu", "cuda"}
-        ``cuda`` uses ONNX Runtime's CUDAExecutionProvider (CPU as fallback for nodes it lacks) and
-        XGBoost ``device="cuda"``. Inputs stay in host memory, as a request's would, so each call
-        includes the copy to the GPU.
-    n_rows : int >= 1
-        Synthetic customers (``make_customers(n_rows, seed)``); the largest batch that can be timed.
-    max_batch_size : int, optional
-        Skip larger batch sizes for these candidates.
-
-    Returns
-    -------
-    list of Candidate named ``"<runtime>/<device>"``.
-
-    Raises
-    ------
-    ValueError
-        For an unknown runtime or device.
-    RuntimeError
-        If ``device="cuda"`` and this XGBoost was built without CUDA, or ONNX Runtime did not put the
-        CUDA provider in the session (``onnxruntime`` instead of ``onnxruntime-gpu``, or CUDA libraries
-        missing).
-    """
-    from course_lib.data import make_customers
-    from course_lib.export import OnnxChurnScorer, make_session
-    from course_lib.model import features
-
-    unknown = set(runtimes) - {"onnxruntime", "xgboost"}
-    if unknown or not runtimes:
-        raise ValueError(
-            f"runtimes must be a non-empty subset of ['onnxruntime', 'xgboost'], got {runtimes!r}"
-        )
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    customers = features(make_customers(n_rows, seed=seed))
-    out: list[Candidate] = []
-    if "onnxruntime" in runtimes:
-        providers = (
-            ("CUDAExecutionProvider", "CPUExecutionProvider")
-            if device == "cuda"
-            else ("CPUExecutionProvider",)
-        )
-        session = make_session(onnx_model, providers=providers)
-        if session.get_providers()[0] != providers[0]:
-            raise RuntimeError(
-                f"ONNX Runtime did not enable {providers[0]} (session providers: {session.get_providers()}); "
-                "install onnxruntime-gpu and the CUDA/cuDNN libraries it needs"
-            )
-        scorer = OnnxChurnScorer(session)
-        feeds = scorer.feeds(customers)
-
-        def onnx_call(batch: int, scorer: OnnxChurnScorer = scorer) -> Callable[[], object]:
-            part = {name: values[:batch] for name, values in feeds.items()}
-            return lambda: scorer.run(part)
-
-        out.append(Candidate(f"onnxruntime/{device}", "onnxruntime", device, onnx_call, max_batch_size))
-    if "xgboost" in runtimes:
-        import xgboost
-
-        if device == "cuda" and not xgboost.build_info().get("USE_CUDA", False):
-            raise RuntimeError(
-                f"xgboost {xgboost.__version__} was built without CUDA; install a CUDA build "
-                "(xgboost or xgboost-cu13 from PyPI, not xgboost-cpu)"
-            )
-        pipeline = churn_model.pipeline
-        matrix = np.ascontiguousarray(
-            pipeline.named_steps["preprocess"].transform(customers), dtype=np.float32
-        )
-        booster = pipeline.named_steps["xgb"].get_booster().copy()
-        booster.set_param({"nthread": 1, "device": device})
-
-        def xgb_call(batch: int, booster: object = booster) -> Callable[[], object]:
-            part = matrix[:batch]
-            return lambda: booster.inplace_predict(part)
-
-        out.append(Candidate(f"xgboost/{device}", "xgboost", device, xgb_call, max_batch_size))
-    return out
+        return churn_candidates
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
@@ -201,35 +111,6 @@ def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     if len(set(sizes)) != len(sizes):
         raise ValueError(f"batch_sizes must not repeat, got {batch_sizes!r}")
     return sorted(int(b) for b in sizes)
-
-
-def p99_median_of_rounds_us(rounds_ns: Sequence[np.ndarray]) -> float:
-    """Median over rounds of each round's p99 (nearest rank) call time, in microseconds.
-
-    Parameters
-    ----------
-    rounds_ns : sequence of 1-D arrays of call times in nanoseconds, one array per round (>= 1 call each).
-
-    Returns
-    -------
-    float, microseconds. With an odd number of rounds it is one round's p99; with an even number, the
-    mean of the two middle ones (``numpy.median``).
-
-    Raises
-    ------
-    ValueError
-        If there are no rounds or a round is empty.
-
-    References
-    ----------
-    Nearest-rank percentile: :func:`course_lib.percentiles.percentile`. The median-of-rounds rule is the
-    course's choice for a shared machine; see the module docstring.
-    """
-    if len(rounds_ns) == 0 or any(len(r) == 0 for r in rounds_ns):
-        raise ValueError(
-            f"rounds_ns must hold at least one non-empty round, got sizes {[len(r) for r in rounds_ns]}"
-        )
-    return float(np.median([percentile(np.asarray(r) / 1e3, 99) for r in rounds_ns]))
 
 
 def measure_batch_latency(
@@ -251,7 +132,7 @@ def measure_batch_latency(
     batch_sizes : sequence of int >= 1
     target_s : float > 0
         Rough timed seconds per candidate and batch size; sets the calls per round from one probe call,
-        clipped to ``[min_calls, max_calls]``.
+        clipped to ``[min_calls, max_calls]`` (the harness's rule, :func:`course_lib.bench.calls_per_round`).
     rounds : int >= 1, default 9
         Interleaved rounds; each gives its own p99. An odd count makes the median one round's value.
     warmup_calls : int >= 0
@@ -279,33 +160,25 @@ def measure_batch_latency(
     if len(set(names)) != len(names):
         raise ValueError(f"candidate names must be unique, got {names}")
     sizes = _check_batch_sizes(batch_sizes)
-    if not target_s > 0:
-        raise ValueError(f"target_s must be > 0 seconds, got {target_s!r}")
-    if not (isinstance(rounds, int) and rounds >= 1):
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     if not (isinstance(warmup_calls, int) and warmup_calls >= 0):
         raise ValueError(f"warmup_calls must be an integer >= 0, got {warmup_calls!r}")
-    if not 1 <= min_calls <= max_calls:
-        raise ValueError(f"need 1 <= min_calls <= max_calls, got {min_calls} and {max_calls}")
+    # the harness's call-count rule checks target_s, rounds and the bounds before anything runs
+    calls_per_round(0.0, target_s=target_s, rounds=rounds, min_calls=min_calls, max_calls=max_calls)
     rows = []
     for batch in sizes:
         active = [c for c in candidates if c.max_batch_size is None or batch <= c.max_batch_size]
         if not active:
             continue
-        calls = {c.name: c.make_call(batch) for c in active}
-        slowest_s = 0.0
-        for fn in calls.values():  # one probe each (also a first warm-up) to size the run
-            probe = compare_latency({"probe": fn}, n_calls=1, rounds=1, warmup_calls=1)
-            slowest_s = max(slowest_s, float(probe["median_us"].iloc[0]) / 1e6)
-        n_calls = int(np.clip(target_s / (rounds * max(slowest_s, 1e-7)), min_calls, max_calls))
-        for fn in calls.values():
-            time_calls_ns(fn, 1, warmup_calls=warmup_calls)
-        samples: dict[str, list[np.ndarray]] = {name: [] for name in calls}
-        for _ in range(rounds):
-            for name, fn in calls.items():
-                samples[name].append(time_calls_ns(fn, n_calls))
+        samples = interleaved_rounds_ns(
+            {c.name: c.make_call(batch) for c in active},
+            rounds=rounds,
+            warmup_calls=warmup_calls,
+            target_s=target_s,
+            min_calls=min_calls,
+            max_calls=max_calls,
+        )
         for cand in active:
-            pooled_us = np.concatenate(samples[cand.name]) / 1e3
+            pooled_us = samples[cand.name].ravel() / 1e3
             median_us = float(np.median(pooled_us))
             rows.append(
                 {
@@ -314,7 +187,7 @@ def measure_batch_latency(
                     "device": cand.device,
                     "batch_size": batch,
                     "rounds": rounds,
-                    "n_calls": n_calls * rounds,
+                    "n_calls": int(pooled_us.size),
                     "median_us": median_us,
                     "p99_us": p99_median_of_rounds_us(samples[cand.name]),
                     "p99_pooled_us": percentile(pooled_us, 99),

@@ -26,14 +26,47 @@ from xgboost import XGBClassifier
 
 from course_lib.model import DEFAULT_NTHREAD, features, labels
 
-__all__ = ["flattening_point", "prefix_probabilities", "prune_trees", "trees_curve"]
+__all__ = ["flattening_point", "prefix_probabilities", "prune_trees", "served_rounds", "trees_curve"]
+
+
+def served_rounds(xgb: XGBClassifier) -> int:
+    """How many boosting rounds a fitted ``XGBClassifier`` predicts with: its served iteration range's end.
+
+    After early stopping, ``predict_proba`` uses only the first ``best_iteration + 1`` rounds; every other
+    path that scores or times the booster (``Booster.inplace_predict``, ``iteration_range``) must use the
+    same ``(0, served_rounds(xgb))`` or it scores a different model.
+
+    Parameters
+    ----------
+    xgb : fitted xgboost.XGBClassifier
+
+    Returns
+    -------
+    int >= 1: ``best_iteration + 1`` if the model was early-stopped, else every boosted round.
+
+    Raises
+    ------
+    ValueError
+        If ``xgb`` is not a fitted ``XGBClassifier``.
+
+    References
+    ----------
+    XGBoost documentation, "Early Stopping" and ``XGBModel._get_iteration_range`` (xgboost/sklearn.py);
+    dmlc/xgboost#8034 (``inplace_predict`` ignores ``best_iteration``).
+    """
+    if not isinstance(xgb, XGBClassifier):
+        raise ValueError(f"xgb must be a fitted XGBClassifier, got {type(xgb).__name__}")
+    booster = xgb.get_booster()
+    total = int(booster.num_boosted_rounds())
+    best = booster.attr("best_iteration")
+    return min(total, int(best) + 1) if best is not None else total
 
 
 def _booster_rounds(pipeline: Pipeline) -> int:
     xgb = dict(pipeline.steps).get("xgb")
     if not isinstance(xgb, XGBClassifier):
         raise ValueError("pipeline must end in a fitted 'xgb' XGBClassifier step (see make_xgb_pipeline)")
-    return int(xgb.get_booster().num_boosted_rounds())
+    return served_rounds(xgb)
 
 
 def _grid(total: int, n_trees: Sequence[int] | None) -> list[int]:
@@ -60,7 +93,7 @@ def prefix_probabilities(
     ----------
     pipeline : fitted course pipeline (``preprocess`` + ``xgb``).
     df : DataFrame with the 19 feature columns, n rows.
-    n_trees : strictly increasing sequence of ints in [1, total trees], optional
+    n_trees : strictly increasing sequence of ints in [1, served trees] (:func:`served_rounds`), optional
         Defaults to 10, 20, ..., 50, then every 50 up to the total. The full model is always added
         as the last key.
 
@@ -72,7 +105,7 @@ def prefix_probabilities(
     ------
     ValueError
         If the pipeline has no fitted XGBoost step, or ``n_trees`` holds values outside
-        [1, total trees] or is not strictly increasing.
+        [1, served trees] (:func:`served_rounds`) or is not strictly increasing.
     """
     grid = _grid(_booster_rounds(pipeline), n_trees)
     X = pipeline.named_steps["preprocess"].transform(features(df))
@@ -161,12 +194,13 @@ def prune_trees(pipeline: Pipeline, n_trees: int, *, nthread: int = DEFAULT_NTHR
     Raises
     ------
     ValueError
-        If the pipeline has no fitted XGBoost step or ``n_trees`` is outside [1, total trees].
+        If the pipeline has no fitted XGBoost step or ``n_trees`` is outside [1, served trees] (:func:`served_rounds`).
     """
     total = _booster_rounds(pipeline)
     if isinstance(n_trees, bool) or not isinstance(n_trees, (int, np.integer)) or not 1 <= n_trees <= total:
         raise ValueError(f"n_trees must be an integer in [1, {total}], got {n_trees!r}")
     sliced = pipeline.named_steps["xgb"].get_booster()[: int(n_trees)]
+    sliced.set_attr(best_iteration=None, best_score=None)  # the prefix serves all of its own trees
     small = XGBClassifier()
     small.load_model(bytearray(sliced.save_raw(raw_format="ubj")))
     small.set_params(n_jobs=nthread)

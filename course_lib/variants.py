@@ -87,8 +87,9 @@ def variant_latency(
     scorers : mapping of variant name -> OnnxChurnScorer; the first is the baseline of ``speedup``.
     X : DataFrame of feature rows, at least ``max(batch_sizes)`` of them; each batch is its first rows.
     batch_sizes : batch sizes to time.
-    n_calls : mapping of batch size -> timed calls per round, optional (default ``max(5, 10_000 // batch)``
-        capped at 300).
+    n_calls : mapping of batch size -> timed calls per round, optional
+        A batch size it does not name gets the harness's rule (:func:`course_lib.bench.calls_per_round`:
+        about 1 s timed per variant, 20 to 1,000 calls per round).
     rounds, warmup_calls : as in ``course_lib.bench.compare_latency``.
 
     Returns
@@ -112,7 +113,7 @@ def variant_latency(
         for name, scorer in scorers.items():
             feeds = scorer.feeds(rows)
             candidates[name] = lambda s=scorer, f=feeds: s.run(f)
-        calls = (n_calls or {}).get(batch, min(300, max(5, 10_000 // batch)))
+        calls = (n_calls or {}).get(batch)  # None: the harness's rule, course_lib.bench.calls_per_round
         table = compare_latency(candidates, n_calls=calls, rounds=rounds, warmup_calls=warmup_calls)
         columns[f"median_us_b{batch}"] = table["median_us"]
         columns[f"speedup_b{batch}"] = table["speedup"]

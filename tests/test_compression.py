@@ -130,6 +130,55 @@ def test_converting_an_fp16_model_again_raises():
         convert_to_fp16(b"not a model")
 
 
+def _shared_weight_graph() -> onnx.ModelProto:
+    """onnxconverter-common PR #329: ``a = Add(x, B)``, ``Y = Mul(a, B)``, one float32 initializer B."""
+    weight = numpy_helper.from_array(np.array([1.5, 2.0, -0.5], dtype=np.float32), "B")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "B"], ["a"], name="add"),
+            helper.make_node("Mul", ["a", "B"], ["Y"], name="mul"),
+        ],
+        "shared_weight",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_upstream_converter_alone_breaks_the_shared_weight_graph():
+    """Documents onnxconverter-common PR #329: if this starts passing, upstream fixed it."""
+    from onnxconverter_common import float16
+
+    broken = float16.convert_float_to_float16(
+        _shared_weight_graph(), keep_io_types=True, op_block_list=["Add"]
+    )
+    onnx.checker.check_model(broken)  # passes the checker ...
+    with pytest.raises(Exception, match="bound to different types"):  # ... and does not load
+        ort.InferenceSession(broken.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_a_weight_shared_by_an_fp32_and_an_fp16_op_gets_its_own_cast():
+    fp16 = convert_to_fp16(_shared_weight_graph(), op_block_list=["Add"])
+    meta = {p.key: p.value for p in fp16.metadata_props}
+    assert meta["fp16_shared_initializer_casts"] == "1"
+    x = np.array([[1.0, 2.0, 3.0], [0.0, -1.0, 4.0]], dtype=np.float32)
+    b = np.array([1.5, 2.0, -0.5], dtype=np.float32)
+    np.testing.assert_allclose(_run(fp16, x), (x + b) * b, rtol=1e-3)  # Add in FP32, Mul in FP16
+    (weight,) = fp16.graph.initializer
+    assert weight.data_type == TensorProto.FLOAT  # the FP32 op still reads the FP32 value
+
+
+def test_a_conversion_that_does_not_load_is_refused_before_anything_is_written(monkeypatch):
+    import course_lib.fp16 as fp16_module
+
+    monkeypatch.setattr(fp16_module, "_cast_shared_fp32_initializers", lambda model: 0)  # repair off
+    with pytest.raises(ValueError, match="cannot load"):
+        convert_to_fp16(_shared_weight_graph(), op_block_list=["Add"])
+
+
 # --- the tree ensemble cannot be quantized ----------------------------------------------------------
 
 

@@ -16,14 +16,14 @@ from course_lib.cost import (
     YEAR_CONVENTIONS,
     ServingOption,
     always_on_vs_scheduled,
-    batch_job_cost_usd,
+    batch_job_cost,
     break_even_rps,
     compare_options,
-    cost_per_million_at_full_use_usd,
-    cost_per_million_usd,
-    cost_per_thousand_at_full_use_usd,
-    cost_per_thousand_usd,
-    monthly_cost_usd,
+    cost_per_million,
+    cost_per_million_at_full_use,
+    cost_per_thousand,
+    cost_per_thousand_at_full_use,
+    monthly_cost,
     plan_serving,
     predictions_per_month,
     replicas_needed,
@@ -35,7 +35,7 @@ SOURCE_001 = "source lesson 001 (Kirana Kart), illustrative"
 def kirana_cpu(**overrides) -> ServingOption:
     fields = {
         "name": "CPU replica",
-        "hourly_price_usd": 40,
+        "hourly_price": 40,
         "rps_per_replica": 50,
         "price_as_of": None,
         "source": SOURCE_001,
@@ -47,7 +47,7 @@ def kirana_cpu(**overrides) -> ServingOption:
 def kirana_gpu(**overrides) -> ServingOption:
     fields = {
         "name": "GPU replica",
-        "hourly_price_usd": 250,
+        "hourly_price": 250,
         "rps_per_replica": 600,
         "price_as_of": None,
         "source": SOURCE_001,
@@ -65,14 +65,14 @@ def test_kirana_table_replicas_match_source():
 
 
 def test_kirana_table_cost_per_thousand_at_full_use_matches_source():
-    assert round(cost_per_thousand_at_full_use_usd(40, 50), 3) == 0.222
-    assert round(cost_per_thousand_at_full_use_usd(250, 600), 3) == 0.116
-    assert cost_per_million_at_full_use_usd(40, 50) == pytest.approx(222.222, abs=1e-3)
+    assert round(cost_per_thousand_at_full_use(40, 50), 3) == 0.222
+    assert round(cost_per_thousand_at_full_use(250, 600), 3) == 0.116
+    assert cost_per_million_at_full_use(40, 50) == pytest.approx(222.222, abs=1e-3)
 
 
 def test_kirana_table_monthly_cost_matches_source():
-    assert monthly_cost_usd(40, 8, hours_per_month=720) == 230_400  # "2.3 lakh"
-    assert monthly_cost_usd(250, 2, hours_per_month=720) == 360_000  # "3.6 lakh"
+    assert monthly_cost(40, 8, hours_per_month=720) == 230_400  # "2.3 lakh"
+    assert monthly_cost(250, 2, hours_per_month=720) == 360_000  # "3.6 lakh"
 
 
 def test_kirana_table_from_compare_options():
@@ -114,7 +114,7 @@ def test_break_even_the_other_way_round_is_cheaper_from_zero():
 
 
 def test_break_even_never_when_challenger_costs_more_per_capacity_and_floor():
-    dear = kirana_gpu(hourly_price_usd=1000, rps_per_replica=100)
+    dear = kirana_gpu(hourly_price=1000, rps_per_replica=100)
     result = break_even_rps(kirana_cpu(), dear)
     assert result.rps is None and result.continuous_rps is None and result.stays_cheaper_above_rps is None
 
@@ -128,37 +128,37 @@ def test_break_even_refuses_mixed_currencies():
 # source lesson 000: StayWell's four-architecture table, recomputed from its stated assumptions
 # --------------------------------------------------------------------------------------------------
 def test_staywell_dedicated_gpu_row_holds():
-    monthly = monthly_cost_usd(1.01, 1)
+    monthly = monthly_cost(1.01, 1)
     assert monthly == 727.20
-    assert cost_per_million_usd(monthly, 1_000_000) == 727.20
+    assert cost_per_million(monthly, 1_000_000) == 727.20
     assert round(monthly / 1_000_000, 6) == 0.000727
 
 
 def test_staywell_autoscaled_cpu_row_is_97_92_not_98_40():
-    monthly = monthly_cost_usd(0.17, 1.2)  # 1.2 instances on average x $0.17/h x 720 h
+    monthly = monthly_cost(0.17, 1.2)  # 1.2 instances on average x $0.17/h x 720 h
     assert monthly == 146.88  # the text says 146.88; the table's "Monthly cost" says 98.40
-    assert cost_per_million_usd(monthly, 1_500_000) == 97.92  # the text's 1.5M requests
-    assert cost_per_million_usd(monthly, 1_000_000) == 146.88  # the table's "1,000,000 a month"
+    assert cost_per_million(monthly, 1_500_000) == 97.92  # the text's 1.5M requests
+    assert cost_per_million(monthly, 1_000_000) == 146.88  # the table's "1,000,000 a month"
     assert 98.40 not in (97.92, 146.88)
     assert round(727.20 / 97.92, 1) == 7.4  # the "7.4x" holds only with 1.5M predictions
     assert round(727.20 / 146.88, 2) == 4.95
 
 
 def test_staywell_batching_row_18_20_does_not_follow_from_5x_throughput():
-    monthly = monthly_cost_usd(0.17, 1)  # one c6i.xlarge, always on
+    monthly = monthly_cost(0.17, 1)  # one c6i.xlarge, always on
     assert monthly == 122.40
     # capacity is not traffic: at the table's 1M predictions one instance costs 122.40 per 1M
-    assert cost_per_million_usd(monthly, 1_000_000) == 122.40
+    assert cost_per_million(monthly, 1_000_000) == 122.40
     # even if the 5x capacity were filled with 5 x 1.5M predictions, it is 16.32, not 18.20
-    assert cost_per_million_usd(monthly, 7_500_000) == 16.32
+    assert cost_per_million(monthly, 7_500_000) == 16.32
     assert round(727.20 / 40, 2) == 18.18  # 18.20 is what the claimed "40x" back-computes to
     assert round(727.20 / 122.40, 2) == 5.94
 
 
 def test_staywell_spot_batch_row_is_0_0204_per_run():
-    per_run = batch_job_cost_usd(0.102, 0.2)  # 12 minutes on a $0.102/h spot instance
+    per_run = batch_job_cost(0.102, 0.2)  # 12 minutes on a $0.102/h spot instance
     assert per_run == 0.0204
-    assert cost_per_million_usd(per_run, 1_000_000) == 0.0204
+    assert cost_per_million(per_run, 1_000_000) == 0.0204
     assert round(4 * per_run, 4) == 0.0816  # four Sunday runs a month: the table's 0.08 is a monthly bill
     assert round(727.20 / 0.0204) == 35_647  # not 9,000x
     assert round(727.20 / 0.08) == 9_090  # the "9,000x" comes from the 0.08 figure
@@ -167,8 +167,8 @@ def test_staywell_spot_batch_row_is_0_0204_per_run():
 def test_staywell_4200_a_month_for_30_qps_is_54_per_million_at_best():
     predictions = predictions_per_month(30)  # 30 req/s every second of a 720-hour month
     assert predictions == 77_760_000
-    assert round(cost_per_million_usd(4200, predictions), 2) == 54.01
-    assert round(4200 / monthly_cost_usd(1.01, 1), 2) == 5.78  # g5.xlarge instances the bill pays for
+    assert round(cost_per_million(4200, predictions), 2) == 54.01
+    assert round(4200 / monthly_cost(1.01, 1), 2) == 5.78  # g5.xlarge instances the bill pays for
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_capacity_plan_peak_based_predictions_understate_cost_by_peak_to_mean(pe
     at_peak = predictions_per_month(50_000)  # what the source computes ("average case" in its comment)
     assert at_peak == 50_000 * 86_400 * 30
     at_mean = predictions_per_month(50_000 / peak_to_mean)
-    ratio = cost_per_million_usd(monthly, at_mean) / cost_per_million_usd(monthly, at_peak)
+    ratio = cost_per_million(monthly, at_mean) / cost_per_million(monthly, at_peak)
     assert ratio == pytest.approx(peak_to_mean)
     assert f"{monthly / at_peak:.6f}" == "0.000001"  # the source's print hides 7.2e-7 as 1e-6
 
@@ -200,17 +200,17 @@ def test_capacity_plan_peak_based_predictions_understate_cost_by_peak_to_mean(pe
 def test_monday_spot_job_with_52_weeks_and_365_day_year():
     runs, hours = YEAR_CONVENTIONS["52 weeks, 8,760 h (365-day year)"]
     result = always_on_vs_scheduled(0.17, 0.04, 0.5, runs_per_year=runs, hours_per_year=hours)
-    assert result.always_on_annual_usd == 1489.20
-    assert result.scheduled_annual_usd == 1.04
-    assert result.savings_usd == 1488.16
+    assert result.always_on_annual == 1489.20
+    assert result.scheduled_annual == 1.04
+    assert result.savings == 1488.16
 
 
 def test_monday_spot_job_with_365_25_day_year():
     runs, hours = YEAR_CONVENTIONS["365.25/7 weeks, 8,766 h (365.25-day year)"]
     result = always_on_vs_scheduled(0.17, 0.04, 0.5, runs_per_year=runs, hours_per_year=hours)
-    assert result.always_on_annual_usd == pytest.approx(1490.22)
-    assert result.scheduled_annual_usd == pytest.approx(1.0436, abs=1e-4)
-    assert round(result.savings_usd, 2) == 1489.18
+    assert result.always_on_annual == pytest.approx(1490.22)
+    assert result.scheduled_annual == pytest.approx(1.0436, abs=1e-4)
+    assert round(result.savings, 2) == 1489.18
 
 
 def test_scheduled_comparison_has_no_default_year():
@@ -235,18 +235,18 @@ def test_numpy_scalars_are_accepted():
 
 
 def test_money_prints_as_the_decimal_answer():
-    assert repr(monthly_cost_usd(0.17, 1.2)) == "146.88"
+    assert repr(monthly_cost(0.17, 1.2)) == "146.88"
 
 
 def test_cost_per_thousand_is_a_thousandth_of_per_million():
-    assert cost_per_thousand_usd(230_400, 1e9) * 1000 == pytest.approx(cost_per_million_usd(230_400, 1e9))
+    assert cost_per_thousand(230_400, 1e9) * 1000 == pytest.approx(cost_per_million(230_400, 1e9))
 
 
 def test_plan_serving_prices_predictions_at_mean_not_peak():
     plan = plan_serving(kirana_cpu(), peak_rps=278, mean_rps=139)
     assert plan.replicas == 8
     assert plan.predictions_per_month == 139 * 3600 * HOURS_PER_MONTH
-    assert plan.cost_per_million_usd == pytest.approx(230_400 / (139 * 3600 * 720) * 1e6)
+    assert plan.cost_per_million == pytest.approx(230_400 / (139 * 3600 * 720) * 1e6)
     assert plan.mean_utilization == pytest.approx(139 / 400)
 
 
@@ -282,23 +282,23 @@ def test_replicas_needed_rejects_bad_input_naming_the_parameter(kwargs, name):
 def test_a_rate_with_its_unit_in_a_string_is_refused():
     with pytest.raises(TypeError, match=r"rps_per_replica.*unit"):
         replicas_needed(278, "50 req/s")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="hourly_price_usd"):
-        monthly_cost_usd("$40/h", 8)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="hourly_price"):
+        monthly_cost("$40/h", 8)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     ("call", "name"),
     [
-        (lambda: monthly_cost_usd(0, 8), "hourly_price_usd"),
-        (lambda: monthly_cost_usd(40, -1), "replicas"),
-        (lambda: monthly_cost_usd(40, 8, hours_per_month=8760), "hours_per_month"),
-        (lambda: monthly_cost_usd(40, 8, hours_per_month=0), "hours_per_month"),
+        (lambda: monthly_cost(0, 8), "hourly_price"),
+        (lambda: monthly_cost(40, -1), "replicas"),
+        (lambda: monthly_cost(40, 8, hours_per_month=8760), "hours_per_month"),
+        (lambda: monthly_cost(40, 8, hours_per_month=0), "hours_per_month"),
         (lambda: predictions_per_month(0), "mean_rps"),
-        (lambda: cost_per_million_usd(100, 0), "predictions_per_month"),
-        (lambda: cost_per_million_usd(-1, 10), "monthly_cost_usd"),
-        (lambda: cost_per_thousand_at_full_use_usd(40, 0), "rps_per_replica"),
-        (lambda: batch_job_cost_usd(0.102, 0), "hours"),
-        (lambda: batch_job_cost_usd(-0.1, 0.2), "hourly_price_usd"),
+        (lambda: cost_per_million(100, 0), "predictions_per_month"),
+        (lambda: cost_per_million(-1, 10), "monthly_cost"),
+        (lambda: cost_per_thousand_at_full_use(40, 0), "rps_per_replica"),
+        (lambda: batch_job_cost(0.102, 0), "hours"),
+        (lambda: batch_job_cost(-0.1, 0.2), "hourly_price"),
         (
             lambda: always_on_vs_scheduled(0.17, 0.04, 0.5, runs_per_year=0, hours_per_year=8760),
             "runs_per_year",
@@ -318,7 +318,7 @@ def test_cost_functions_reject_bad_input_naming_the_parameter(call, name):
 @pytest.mark.parametrize(
     ("overrides", "error", "name"),
     [
-        ({"hourly_price_usd": 0}, ValueError, "hourly_price_usd"),
+        ({"hourly_price": 0}, ValueError, "hourly_price"),
         ({"rps_per_replica": -1}, ValueError, "rps_per_replica"),
         ({"min_replicas": 1.5}, ValueError, "min_replicas"),
         ({"source": " "}, ValueError, "source"),
@@ -399,7 +399,7 @@ def test_cost_per_prediction_falls_as_target_utilization_rises(peak, capacity, p
     low, high = sorted(utilizations)
     option = ServingOption("x", price, capacity, None, "test")
     costs = [
-        plan_serving(option, peak_rps=peak, mean_rps=peak * share, target_utilization=u).cost_per_million_usd
+        plan_serving(option, peak_rps=peak, mean_rps=peak * share, target_utilization=u).cost_per_million
         for u in (low, high)
     ]
     assert costs[1] <= costs[0]
@@ -411,9 +411,9 @@ def test_cost_per_prediction_falls_as_target_utilization_rises(peak, capacity, p
 def test_cost_per_prediction_falls_as_a_fixed_fleet_gets_busier(price, replicas, means):
     low, high = sorted(means)
     assume(low < high)
-    bill = monthly_cost_usd(price, replicas)
-    idle = cost_per_million_usd(bill, predictions_per_month(low))
-    busy = cost_per_million_usd(bill, predictions_per_month(high))
+    bill = monthly_cost(price, replicas)
+    idle = cost_per_million(bill, predictions_per_month(low))
+    busy = cost_per_million(bill, predictions_per_month(high))
     assert busy < idle
 
 
@@ -424,7 +424,7 @@ def test_cost_at_mean_traffic_never_beats_cost_at_full_use(peak, capacity, price
     option = ServingOption("x", price, capacity, None, "test", min_replicas=1)
     plan = plan_serving(option, peak_rps=peak, mean_rps=peak * share, headroom=headroom)
     assert plan.mean_utilization <= 1.0
-    assert plan.cost_per_million_usd >= cost_per_million_at_full_use_usd(price, capacity) * (1 - 1e-12)
+    assert plan.cost_per_million >= cost_per_million_at_full_use(price, capacity) * (1 - 1e-12)
 
 
 options_st = st.builds(
@@ -451,10 +451,10 @@ def test_break_even_ranges_agree_with_brute_force(a, b, headroom_pct, probes):
         assume(False)
 
     def b_cheaper(peak: Fraction) -> bool:
-        cost_a = a.hourly_price_usd * replicas_needed(
+        cost_a = a.hourly_price * replicas_needed(
             float(peak), a.rps_per_replica, headroom=headroom, min_replicas=a.min_replicas
         )
-        cost_b = b.hourly_price_usd * replicas_needed(
+        cost_b = b.hourly_price * replicas_needed(
             float(peak), b.rps_per_replica, headroom=headroom, min_replicas=b.min_replicas
         )
         return cost_b < cost_a
@@ -474,3 +474,24 @@ def test_break_even_ranges_agree_with_brute_force(a, b, headroom_pct, probes):
             assert b_cheaper(Fraction(peak)) == in_ranges(peak), (peak, result)
     if result.rps is not None:
         assert b_cheaper(Fraction(result.rps * 1.0001 + 1e-9))
+
+
+def test_old_currency_names_still_resolve_until_the_lessons_follow():
+    """The ``_usd`` names are aliases of the currency-neutral ones (not exported); delete with the aliases."""
+    import course_lib.cost as cost
+
+    assert cost.monthly_cost_usd is monthly_cost and cost.cost_per_million_usd is cost_per_million
+    assert cost.batch_job_cost_usd is batch_job_cost
+    assert not [name for name in cost.__all__ if name.endswith("_usd")]
+    option = ServingOption("CPU", 0.17, 50, None, "illustrative")
+    assert option.hourly_price_usd == option.hourly_price == 0.17
+    plan = plan_serving(option, peak_rps=10, mean_rps=5)
+    assert plan.cost_per_million_usd == plan.cost_per_million
+
+
+def test_cost_names_carry_no_currency():
+    import course_lib.cost as cost
+
+    assert {"batch_job_cost", "monthly_cost", "cost_per_million", "cost_per_thousand"} <= set(cost.__all__)
+    for name in cost.__all__:
+        assert "usd" not in name.lower(), name

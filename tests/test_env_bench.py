@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 
 from course_lib import env_report
-from course_lib.bench import compare_latency, time_calls_ns
+from course_lib.bench import (
+    calls_per_round,
+    compare_latency,
+    interleaved_rounds_ns,
+    time_calls_ns,
+    usable_cores,
+)
 
 
 def test_env_report_names_cpu_cores_threads_and_versions():
@@ -36,7 +45,7 @@ def test_compare_latency_reports_each_candidate_against_the_baseline():
         return fn
 
     table = compare_latency({"a": make("a"), "b": make("b")}, n_calls=10, rounds=3, warmup_calls=2)
-    assert counts == {"a": 2 + 1 + 30, "b": 2 + 1 + 30}  # warm-up, the first timed probe, 3 rounds
+    assert counts == {"a": 2 + 30, "b": 2 + 30}  # warm-up, then 3 rounds of 10
     assert list(table.index) == ["a", "b"]
     assert table.loc["a", "speedup"] == pytest.approx(1.0)
     assert set(table.columns) == {"median_us", "p99_us", "us_per_item", "speedup"}
@@ -49,3 +58,69 @@ def test_compare_latency_reports_each_candidate_against_the_baseline():
 def test_compare_latency_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         compare_latency({"a": lambda: None}, **kwargs)
+
+
+def test_rounds_interleave_the_candidates_and_keep_one_row_per_round():
+    order = []
+    candidates = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    samples = interleaved_rounds_ns(candidates, n_calls=2, rounds=3, warmup_calls=1)
+    assert order[:3] == ["a", "b", "c"]  # warm-up, one call each
+    assert order[3:] == ["a", "a", "b", "b", "c", "c"] * 3  # A B C, A B C, A B C
+    assert {k: v.shape for k, v in samples.items()} == {"a": (3, 2), "b": (3, 2), "c": (3, 2)}
+    assert all(v.dtype == np.int64 and (v >= 0).all() for v in samples.values())
+
+
+def test_without_n_calls_the_one_rule_sizes_every_candidate_alike():
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.002)  # work being timed, not ordering
+
+    samples = interleaved_rounds_ns({"fast": fast, "slow": slow}, rounds=2, target_s=0.02, min_calls=1)
+    n = samples["fast"].shape[1]
+    assert samples["slow"].shape == (2, n)
+    assert n <= 5  # 0.02 s / (2 rounds x >= 2 ms): the slowest candidate sets the count
+    assert calls == {"fast": 1 + 2 * n, "slow": 1 + 2 * n}  # one probe, then the rounds
+
+
+@pytest.mark.parametrize(
+    ("seconds", "kwargs", "expected"),
+    [
+        (0.001, {"target_s": 1.0, "rounds": 5}, 200),
+        (1e-9, {"target_s": 1.0, "rounds": 5}, 1000),
+        (10.0, {"target_s": 1.0, "rounds": 5}, 20),
+        (0.01, {"target_s": 1.0, "rounds": 9, "min_calls": 5, "max_calls": 10}, 10),
+    ],
+)
+def test_calls_per_round_is_target_time_over_rounds_clipped(seconds, kwargs, expected):
+    assert calls_per_round(seconds, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"target_s": 0, "rounds": 1}, "target_s"),
+        ({"target_s": 1, "rounds": 0}, "rounds"),
+        ({"target_s": 1, "rounds": 1, "min_calls": 5, "max_calls": 2}, "min_calls"),
+    ],
+)
+def test_calls_per_round_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        calls_per_round(0.001, **kwargs)
+
+
+def test_interleaved_rounds_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="candidates"):
+        interleaved_rounds_ns({})
+    with pytest.raises(ValueError, match="n_calls"):
+        interleaved_rounds_ns({"a": lambda: None}, n_calls=0)
+    with pytest.raises(ValueError, match="warmup_calls"):
+        interleaved_rounds_ns({"a": lambda: None}, warmup_calls=-1)
+
+
+def test_usable_cores_is_what_the_environment_report_prints():
+    assert usable_cores() == env_report().usable_cores >= 1

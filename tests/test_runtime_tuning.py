@@ -52,7 +52,7 @@ def test_oversubscription_table_merges_workers_samples(tree_file, feeds):
     assert list(table.index) == [(1, 1), (2, 1)]
     assert table.loc[(2, 1), "threads_total"] == 2
     assert table.loc[(2, 1), "threads_per_core"] == pytest.approx(2 / usable_cores())
-    assert (table["p99_us"] >= table["p50_us"]).all() and (table["throughput_rps"] > 0).all()
+    assert (table["p99_us"] >= table["p50_us"]).all() and (table["achieved_rps"] > 0).all()
 
 
 def test_oversubscription_rejects_bad_configs(tree_file, feeds):

@@ -189,7 +189,7 @@ def test_light_load_throughput_matches_offered_load_and_summary_is_complete():
         service_time_ms=0.5,
     )
     summary = result.summary()
-    assert summary["throughput_rps"] == pytest.approx(summary["offered_rps"], rel=0.01)
+    assert summary["achieved_rps"] == pytest.approx(summary["offered_rps"], rel=0.01)
     assert summary["p99_ms"] == result.p99_latency_ms == result.latency_percentiles_ms()["p99"]
     assert 0 < summary["utilisation"] < 1
 
@@ -273,5 +273,5 @@ def test_throughput_of_an_overloaded_batcher_is_capped_by_the_cost_model():
         service_time_ms=model,
     )
     cap = 1000.0 * 32 / model(32)  # 2,807 requests/s with full batches
-    assert result.throughput_rps() == pytest.approx(cap, rel=0.02)
+    assert result.achieved_rps() == pytest.approx(cap, rel=0.02)
     assert math.isclose(result.batches["size"].median(), 32)
