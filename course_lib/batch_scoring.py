@@ -60,8 +60,10 @@ __all__ = [
     "JobSummary",
     "build_parquet_store",
     "choose_runtime",
+    "claim_output_dir",
     "iter_store_chunks",
     "make_scorer",
+    "recorded_plan",
     "row_problems",
     "score_frame",
     "score_store",
@@ -92,7 +94,7 @@ class JobSummary:
     chunks: int
     chunks_resumed: int
     seconds: float
-    rows_per_s: float
+    rows_per_s: float  # rows read and scored or rejected in this run (resumed chunks excluded), per second
     peak_rss_mib: float
     runtime: str
     model_version: str
@@ -169,10 +171,7 @@ def iter_store_chunks(
     ``FileNotFoundError`` if it does not exist and ``ValueError`` for another suffix or ``chunk_rows < 1``.
     """
     path = Path(source)
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
-    if not path.is_file():
-        raise FileNotFoundError(f"store not found: {path}")
+    _check_store(path, chunk_rows)
     columns = [ID_COLUMN, *FEATURE_COLUMNS]
     if path.suffix == ".parquet":
         batches = pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns)
@@ -187,8 +186,6 @@ def iter_store_chunks(
                 yield i, pd.DataFrame(con.execute(sql, (lo, lo + chunk_rows)).fetchall(), columns=columns)
         finally:
             con.close()
-    else:
-        raise ValueError(f"source must be a .parquet or .sqlite store, got {path.name!r}")
 
 
 def _shown(value: object) -> str:
@@ -200,11 +197,16 @@ def row_problems(X: pd.DataFrame) -> np.ndarray:
     """Per row, the first schema violation as text (``None`` for a valid row), shape ``(len(X),)``.
 
     The same ranges as :func:`course_lib.feature_schema.check_frame`, row by row instead of raising on
-    the first: a missing flag or category, an unknown category, a number outside its range, a
+    the first: a missing or repeated ``customer_id`` (within the chunk; ids are unique across a store
+    built by :func:`build_parquet_store`), a missing flag or category, an unknown category, a number outside its range, a
     non-integer where an integer is required. Missing ``tenure``/charges are allowed (the model
     handles them), as the schema says.
     """
     reasons = np.full(len(X), None, dtype=object)
+    ids = X[ID_COLUMN]
+    reasons[ids.isna().to_numpy()] = f"{ID_COLUMN} is missing"
+    repeated = ids.duplicated(keep="first").to_numpy() & ids.notna().to_numpy()
+    reasons[repeated] = f"{ID_COLUMN} appears earlier in the same chunk"
     for name, spec in NUMERIC_SCHEMA.items():
         values = pd.to_numeric(X[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
         not_number = X[name].notna().to_numpy() & np.isnan(values)
@@ -327,10 +329,63 @@ def score_frame(
         schema=_OUT_SCHEMA,
     )
     rejects = pa.table(
-        {ID_COLUMN: frame.loc[~ok, ID_COLUMN].astype(str).to_numpy(), "reason": reasons[~ok].astype(str)},
+        {
+            ID_COLUMN: [None if pd.isna(v) else str(v) for v in frame.loc[~ok, ID_COLUMN]],
+            "reason": reasons[~ok].astype(str),
+        },
         schema=_REJECT_SCHEMA,
     )
     return scores, rejects
+
+
+def recorded_plan(out_dir: str | Path) -> dict | None:
+    """The settings a job recorded in ``out_dir/_job.json``, or None if there is none."""
+    path = Path(out_dir) / "_job.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def claim_output_dir(out_dir: str | Path, plan: dict) -> Path:
+    """Create ``out_dir`` for a job with settings ``plan``, or accept it if it holds the same job.
+
+    Records ``plan`` in ``_job.json`` and removes ``_SUCCESS`` (the job is running again). Raises
+    ``ValueError`` if the folder holds a job with other settings (another model version, chunk size,
+    source or runtime): a resumed job never mixes two, and a folder is never shared by two jobs.
+    Call it only after every argument has been checked, so a refused call records nothing.
+    """
+    out = Path(out_dir)
+    previous = recorded_plan(out)
+    if previous is not None and previous != plan:
+        raise ValueError(
+            f"{out} holds a job with other settings {previous}; resume it with those or use a new out_dir"
+        )
+    if previous is None and out.is_dir() and any(out.glob("part-*.parquet")):
+        raise ValueError(f"{out} holds part files of an unknown job; use a new out_dir")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "_job.json").write_text(json.dumps(plan))
+    (out / "_SUCCESS").unlink(missing_ok=True)
+    return out
+
+
+def _check_store(source: str | Path, chunk_rows: int) -> None:
+    """Refuse a missing store, a bad chunk size or a store without the id and feature columns."""
+    path = Path(source)
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+    if not path.is_file():
+        raise FileNotFoundError(f"store not found: {path}")
+    if path.suffix == ".parquet":
+        names = set(pq.ParquetFile(path).schema_arrow.names)
+    elif path.suffix == ".sqlite":
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            names = {row[1] for row in con.execute("PRAGMA table_info(features)")}
+        finally:
+            con.close()
+    else:
+        raise ValueError(f"source must be a .parquet or .sqlite store, got {path.name!r}")
+    missing = [c for c in (ID_COLUMN, *FEATURE_COLUMNS) if c not in names]
+    if missing:
+        raise ValueError(f"store {path.name} lacks the columns {missing}")
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
@@ -357,21 +412,18 @@ def score_store(
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    scorer = make_scorer(model, runtime, threads=threads)
+    _check_store(source, chunk_rows)
     plan = {
         "source": str(Path(source).resolve()),
         "chunk_rows": chunk_rows,
         "model_version": model.model_version,
+        "runtime": runtime,
     }
-    plan_file = out / "_job.json"
-    if plan_file.is_file() and json.loads(plan_file.read_text()) != plan:
-        raise ValueError(f"{out} holds a job with other settings {plan_file.read_text()}; use a new out_dir")
-    plan_file.write_text(json.dumps(plan))
-    (out / "_SUCCESS").unlink(missing_ok=True)
+    out = claim_output_dir(out_dir, plan)
     scorer = make_scorer(model, runtime, threads=threads)
     scored_at = dt.datetime.now(dt.UTC)
-    counts = {"read": 0, "scored": 0, "rejected": 0, "chunks": 0, "resumed": 0}
+    counts = {"read": 0, "scored": 0, "rejected": 0, "chunks": 0, "resumed": 0, "resumed_rows": 0}
     start = time.perf_counter()
     total = pq.ParquetFile(source).metadata.num_rows if str(source).endswith(".parquet") else None
     with tqdm(total=total, unit="rows", unit_scale=True, disable=not progress, desc="scoring") as bar:
@@ -382,6 +434,7 @@ def score_store(
             if part.is_file():
                 done = pq.ParquetFile(part).metadata.num_rows
                 counts["resumed"] += 1
+                counts["resumed_rows"] += len(frame)
                 counts["scored"] += done
                 counts["rejected"] += len(frame) - done
             else:
@@ -396,7 +449,7 @@ def score_store(
     seconds = time.perf_counter() - start
     summary = JobSummary(
         counts["read"], counts["scored"], counts["rejected"], counts["chunks"], counts["resumed"],
-        seconds, counts["read"] / seconds if seconds else float("nan"), _peak_rss_mib(), runtime,
+        seconds, (counts["read"] - counts["resumed_rows"]) / seconds if seconds else float("nan"), _peak_rss_mib(), runtime,
         model.model_version, str(out),
     )  # fmt: skip
     (out / "_SUCCESS").write_text(json.dumps(asdict(summary), indent=1))
@@ -425,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     source = Path(args.source) if args.source else build_parquet_store(args.customers, args.seed)
     model = load_or_train_churn_model()
     runtime = args.runtime
+    recorded = recorded_plan(args.out)
+    if runtime == "auto" and recorded is not None:
+        runtime = recorded["runtime"]  # resuming: keep the runtime the job started with
     if runtime == "auto":
         _, first = next(iter_store_chunks(source, min(args.chunk_rows, 50_000)))
         runtime, _table = choose_runtime(model, first, threads=args.threads)

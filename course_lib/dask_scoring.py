@@ -22,22 +22,24 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 from distributed import Client, LocalCluster
 
-from course_lib.batch_scoring import _write_atomic, score_frame
+from course_lib.batch_scoring import RUNTIMES, _write_atomic, claim_output_dir, make_scorer, score_frame
 from course_lib.data import FEATURE_COLUMNS, ID_COLUMN
 
 __all__ = ["DaskJobSummary", "local_cluster", "score_on_dask"]
 
-_SESSIONS: dict[str, object] = {}  # per worker process: model key -> scorer
+_SESSIONS: dict[tuple[str, str], object] = {}  # per worker process: (model version, runtime) -> scorer
 
 
 @dataclass(frozen=True)
@@ -78,26 +80,31 @@ def local_cluster(n_workers: int, *, threads_per_worker: int = 1) -> Iterator[Cl
         cluster.close()
 
 
-def _worker_scorer(model_key: str, onnx_bytes: bytes):
-    scorer = _SESSIONS.get(model_key)
+def _worker_scorer(model_key: str, runtime: str, model: object):
+    """One scorer per worker process and model: built on the first task, reused by the rest."""
+    scorer = _SESSIONS.get((model_key, runtime))
     if scorer is None:
-        import numpy as np
-
-        from course_lib.export import OnnxChurnScorer, make_session
-
-        session_scorer = OnnxChurnScorer(make_session(onnx_bytes))
-        scorer = lambda X: np.asarray(session_scorer.predict_proba(X), dtype=np.float64)  # noqa: E731
-        _SESSIONS[model_key] = scorer
+        if runtime == "onnxruntime":  # model: serialized ONNX bytes
+            scorer = make_scorer(None, runtime, onnx_model=model)
+        else:  # model: the fitted scikit-learn pipeline
+            scorer = make_scorer(SimpleNamespace(pipeline=model), runtime)
+        _SESSIONS[(model_key, runtime)] = scorer
     return scorer
 
 
 def _score_partition(
-    source: str, row_group: int, out_dir: str, model_key: str, onnx_bytes: bytes, scored_at: dt.datetime
+    source: str,
+    row_group: int,
+    out_dir: str,
+    model_key: str,
+    runtime: str,
+    model: object,
+    scored_at: dt.datetime,
 ) -> dict[str, int]:
     frame = (
         pq.ParquetFile(source).read_row_group(row_group, columns=[ID_COLUMN, *FEATURE_COLUMNS]).to_pandas()
     )
-    scorer = _worker_scorer(model_key, onnx_bytes)
+    scorer = _worker_scorer(model_key, runtime, model)
     scores, rejects = score_frame(frame, scorer, model_version=model_key, scored_at=scored_at)
     out = Path(out_dir)
     _write_atomic(rejects, out / f"rejects-{row_group:05d}.parquet")
@@ -107,38 +114,56 @@ def _score_partition(
 
 
 def score_on_dask(
-    source: str | Path, out_dir: str | Path, onnx_model: bytes, *, model_version: str, client: Client
+    source: str | Path,
+    out_dir: str | Path,
+    model: bytes | object,
+    *,
+    model_version: str,
+    client: Client,
+    runtime: str = "onnxruntime",
 ) -> DaskJobSummary:
     """Score every row group of a Parquet store on the workers behind ``client``.
 
     Parameters
     ----------
     source : path to a ``.parquet`` store from :func:`course_lib.batch_scoring.build_parquet_store`.
-    out_dir : folder for ``part-*.parquet`` / ``rejects-*.parquet`` (one pair per row group).
-    onnx_model : bytes
-        The serialized ONNX pipeline (``pipeline_to_onnx(...).SerializeToString()``).
+    out_dir : folder for ``part-*.parquet`` / ``rejects-*.parquet`` (one pair per row group) and
+        ``_SUCCESS``; a folder holding another job is refused (``claim_output_dir``).
+    model : bytes or pipeline
+        ``runtime="onnxruntime"``: the serialized ONNX pipeline (``pipeline_to_onnx(...).SerializeToString()``);
+        ``runtime="xgboost"``: the fitted scikit-learn pipeline. Sent to each worker once.
     model_version : str
         Written into every output row.
     client : distributed.Client
+    runtime : {"onnxruntime", "xgboost"}
 
-    Raises ``FileNotFoundError`` for a missing store and ``ValueError`` for a non-Parquet source.
+    Raises ``FileNotFoundError`` for a missing store and ``ValueError`` for a non-Parquet source, an
+    unknown runtime or an output folder that holds another job.
     """
     path = Path(source)
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
     if not path.is_file():
         raise FileNotFoundError(f"store not found: {path}")
     if path.suffix != ".parquet":
         raise ValueError(
             f"source must be a .parquet store (row groups are the partitions), got {path.name!r}"
         )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     groups = pq.ParquetFile(path).num_row_groups
-    model = client.scatter(onnx_model, broadcast=True)
+    plan = {
+        "source": str(path.resolve()),
+        "row_groups": groups,
+        "model_version": model_version,
+        "runtime": runtime,
+    }
+    out = claim_output_dir(out_dir, plan)
+    # hash=False: a fresh key per job, so a second job on the same client never reuses a released one.
+    shared = client.scatter(model, broadcast=True, hash=False)
     scored_at = dt.datetime.now(dt.UTC)
     start = time.perf_counter()
     futures = client.map(
         _score_partition, [str(path)] * groups, range(groups), [str(out)] * groups,
-        [model_version] * groups, [model] * groups, [scored_at] * groups, pure=False,
+        [model_version] * groups, [runtime] * groups, [shared] * groups, [scored_at] * groups, pure=False,
     )  # fmt: skip
     results = client.gather(futures)
     seconds = time.perf_counter() - start
@@ -146,7 +171,9 @@ def score_on_dask(
     for r in results:
         sessions[r["pid"]] = max(sessions.get(r["pid"], 0), r["sessions"])
     read = sum(r["read"] for r in results)
-    return DaskJobSummary(
+    summary = DaskJobSummary(
         read, sum(r["scored"] for r in results), sum(r["rejected"] for r in results), groups,
         len(client.scheduler_info()["workers"]), seconds, read / seconds, sessions,
     )  # fmt: skip
+    (out / "_SUCCESS").write_text(json.dumps(asdict(summary), indent=1, default=str))
+    return summary

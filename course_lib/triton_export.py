@@ -56,14 +56,14 @@ _ONNX_TO_TRITON = {
 def _check_batching(max_batch_size: int, preferred: Sequence[int], delay_us: int, instances: int) -> None:
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
-    bad = [p for p in preferred if not (isinstance(p, int) and 1 <= p <= max_batch_size)]
+    bad = [p for p in preferred if isinstance(p, bool) or not (isinstance(p, int) and 1 <= p <= max_batch_size)]
     if bad:
         raise ValueError(
             f"preferred_batch_sizes must be integers in [1, max_batch_size={max_batch_size}], got {bad}"
         )
-    if not isinstance(delay_us, int) or delay_us < 0:
+    if isinstance(delay_us, bool) or not isinstance(delay_us, int) or delay_us < 0:
         raise ValueError(f"max_queue_delay_us must be an integer >= 0 microseconds, got {delay_us!r}")
-    if not isinstance(instances, int) or instances < 1:
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
         raise ValueError(f"instance_count must be an integer >= 1, got {instances!r}")
 
 

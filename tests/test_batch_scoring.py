@@ -108,6 +108,37 @@ def test_bad_rows_are_rejected_with_their_reason_never_scored(churn_model, tmp_p
     assert not set(scores[ID_COLUMN]) & set(rejects.index)
 
 
+def test_missing_and_repeated_ids_are_rejected_not_fatal(churn_model, tmp_path):
+    frame = make_customers(30, 3)[[ID_COLUMN, *FEATURE_COLUMNS]].astype({ID_COLUMN: object})
+    frame.loc[0, ID_COLUMN] = None
+    frame.loc[5, ID_COLUMN] = frame.loc[4, ID_COLUMN]
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+    summary = score_store(path, tmp_path / "out", churn_model, chunk_rows=100, progress=False)
+    rejects = _parts(tmp_path / "out", "rejects")
+    assert (summary.rows_scored, summary.rows_rejected) == (28, 2)
+    assert sorted(rejects["reason"].str.split(" ").str[1]) == ["appears", "is"]
+    assert _parts(tmp_path / "out")[ID_COLUMN].is_unique
+
+
+def test_a_refused_call_leaves_the_folder_usable(store, churn_model, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="chunk_rows"):
+        score_store(store, out, churn_model, chunk_rows=0, progress=False)
+    with pytest.raises(FileNotFoundError):
+        score_store(store.with_name("typo.parquet"), out, churn_model, progress=False)
+    with pytest.raises(ValueError, match="runtime"):
+        score_store(store, out, churn_model, runtime="gpu", progress=False)
+    assert score_store(store, out, churn_model, chunk_rows=10_000, progress=False).rows_scored == 20_000
+
+
+def test_a_store_without_the_feature_columns_is_refused(tmp_path, churn_model):
+    path = tmp_path / "thin.parquet"
+    pq.write_table(pa.table({ID_COLUMN: ["a"], "tenure": [1]}), path)
+    with pytest.raises(ValueError, match="lacks the columns"):
+        score_store(path, tmp_path / "out", churn_model, progress=False)
+
+
 def test_row_problems_names_column_value_and_range():
     frame = make_customers(5, 2)[[ID_COLUMN, *FEATURE_COLUMNS]]
     frame["tenure"] = frame["tenure"].astype(float)
@@ -141,6 +172,10 @@ def test_a_job_folder_refuses_other_settings(store, churn_model, tmp_path):
     score_store(store, tmp_path / "out", churn_model, chunk_rows=10_000, progress=False)
     with pytest.raises(ValueError, match="other settings"):
         score_store(store, tmp_path / "out", churn_model, chunk_rows=5_000, progress=False)
+    with pytest.raises(ValueError, match="other settings"):  # a resumed job never mixes runtimes
+        score_store(
+            store, tmp_path / "out", churn_model, chunk_rows=10_000, runtime="onnxruntime", progress=False
+        )
 
 
 def test_dask_result_equals_the_single_process_result(churn_model, tmp_path):
@@ -159,6 +194,27 @@ def test_dask_result_equals_the_single_process_result(churn_model, tmp_path):
     a, b = _parts(tmp_path / "dask"), _parts(tmp_path / "single")
     assert list(a[ID_COLUMN]) == list(b[ID_COLUMN])
     assert np.abs(a["churn_probability"].to_numpy() - b["churn_probability"].to_numpy()).max() <= 1e-6
+    assert (tmp_path / "dask" / "_SUCCESS").is_file()
+
+
+def test_dask_runs_twice_on_one_client_and_refuses_a_foreign_folder(churn_model, tmp_path):
+    from course_lib.dask_scoring import local_cluster, score_on_dask
+
+    small = build_parquet_store(6_000, 1, folder=tmp_path, row_group_rows=2_000)
+    other = build_parquet_store(4_000, 2, folder=tmp_path, row_group_rows=2_000)
+    with local_cluster(1) as client:
+        first = score_on_dask(small, tmp_path / "a", churn_model.pipeline, model_version="v1", client=client,
+                              runtime="xgboost")  # fmt: skip
+        second = score_on_dask(other, tmp_path / "b", churn_model.pipeline, model_version="v1", client=client,
+                               runtime="xgboost")  # fmt: skip
+        with pytest.raises(ValueError, match="other settings"):
+            score_on_dask(other, tmp_path / "a", churn_model.pipeline, model_version="v2", client=client,
+                          runtime="xgboost")  # fmt: skip
+    assert (first.rows_scored, second.rows_scored) == (6_000, 4_000)
+    expected = churn_model.pipeline.predict_proba(pq.read_table(other).to_pandas()[list(FEATURE_COLUMNS)])[
+        :, 1
+    ]
+    assert np.array_equal(_parts(tmp_path / "b")["churn_probability"].to_numpy(), expected)
 
 
 def test_every_triton_config_parses_into_modelconfig(churn_model, tmp_path):
@@ -185,6 +241,8 @@ def test_triton_knobs_are_checked_and_unknown_fields_cannot_parse(churn_model, t
         onnx_config(model, max_batch_size=8, preferred_batch_sizes=(16,))
     with pytest.raises(ValueError, match="max_queue_delay_us"):
         fil_config(40, max_queue_delay_us=-1)
+    with pytest.raises(ValueError, match="instance_count"):
+        fil_config(40, instance_count=True)
     bad = tmp_path / "config.pbtxt"
     bad.write_text('name: "x"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_ms: 3 }\n')
     with pytest.raises(text_format.ParseError):
