@@ -26,6 +26,7 @@ window", "Scaling policies" and "Default behavior"; kubernetes/kubernetes
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -122,8 +123,13 @@ def desired_replicas(
     >>> desired_replicas(50, 80, 75)   # ratio 1.067 is within the 10 % tolerance
     50
     """
-    if not isinstance(current_replicas, int) or current_replicas < 1:
+    if (
+        isinstance(current_replicas, bool)
+        or not isinstance(current_replicas, numbers.Integral)
+        or current_replicas < 1
+    ):
         raise ValueError(f"current_replicas must be an integer >= 1, got {current_replicas!r}")
+    current_replicas = int(current_replicas)
     if not math.isfinite(metric) or metric < 0:
         raise ValueError(f"metric must be finite and >= 0, got {metric!r}")
     if not math.isfinite(target) or target <= 0:
@@ -160,6 +166,7 @@ class HPA:
     tolerance: float = DEFAULT_TOLERANCE
     _recommendations: list[tuple[float, int]] = field(default_factory=list, repr=False)
     _events: list[tuple[float, int]] = field(default_factory=list, repr=False)
+    _last_s: float = field(default=-math.inf, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.min_replicas, int) or self.min_replicas < 1:
@@ -169,20 +176,29 @@ class HPA:
         if not self.targets:
             raise ValueError("targets must name at least one metric target")
         self.targets = tuple(float(t) for t in self.targets)
+        bad = [t for t in self.targets if not (math.isfinite(t) and t > 0)]
+        if bad:
+            raise ValueError(f"targets must be finite and > 0, got {bad}")
+        if not 0 <= self.tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1) (0.1 = 10 %), got {self.tolerance!r}")
 
     def step(self, now_s: float, current_replicas: int, metrics: Sequence[float]) -> int:
         """One sync period at time ``now_s`` (seconds, increasing): the new replica count.
 
         ``metrics`` holds one per-replica value per target. ``current_replicas`` is what runs now,
-        starting replicas included. Raises ``ValueError`` if the number of metrics differs from the
-        number of targets or the time goes backwards.
+        starting replicas included. As the controller does, a target scaled to 0 replicas by hand is
+        left alone (autoscaling is disabled while ``spec.replicas`` is 0). Raises ``ValueError`` if the
+        number of metrics differs from the number of targets, or ``now_s`` is not finite or goes backwards.
         """
         if len(metrics) != len(self.targets):
             raise ValueError(
                 f"metrics must have {len(self.targets)} values (one per target), got {len(metrics)}"
             )
-        if self._recommendations and now_s < self._recommendations[-1][0]:
-            raise ValueError(f"now_s must not go backwards: {now_s} < {self._recommendations[-1][0]}")
+        if not math.isfinite(now_s) or now_s < self._last_s:
+            raise ValueError(f"now_s must be finite and must not go backwards: {now_s} after {self._last_s}")
+        self._last_s = now_s
+        if current_replicas == 0:
+            return 0
         if not self.min_replicas <= current_replicas <= self.max_replicas:
             # As the controller does: outside [min, max] it rescales to the bound without reading metrics.
             new = min(max(current_replicas, self.min_replicas), self.max_replicas)

@@ -105,7 +105,7 @@ class DayResult:
 
     @property
     def totals(self) -> dict[str, float]:
-        """SLO-violation minutes, replica-hours, cost and request counts for the whole day."""
+        """SLO-violation minutes, replica-hours, cost, request counts and how often the count changed."""
         m = self.per_minute
         s = self.per_second
         replica_hours = float(s["replicas"].sum()) / 3600.0
@@ -117,6 +117,7 @@ class DayResult:
             "slo_violation_minutes": int((~m["slo_met"]).sum()),
             "max_p99_ms": float(m["p99_ms"].max()),
             "peak_replicas": int(s["replicas"].max()),
+            "replica_changes": int((np.diff(s["replicas"]) != 0).sum()),
             "replica_hours": replica_hours,
             "cost": replica_hours * self.config.price_per_replica_hour,
         }

@@ -23,6 +23,7 @@ several metrics the HPA takes the largest desired replica count).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pydantic
@@ -114,8 +115,13 @@ def hpa_manifest(
 
     ``metrics`` is a list of ``(signal, target)`` in :mod:`course_lib.fleet_sim`'s units: cpu as %,
     rps as requests/s per pod (a Pods metric), queue as queued requests per pod (Pods), p99 in ms
-    (an External metric, written in seconds). Raises ``ValueError`` for an unknown signal.
+    (an External metric, written in seconds). Raises ``ValueError`` for an unknown signal or
+    replica bounds outside ``1 <= min_replicas <= max_replicas``.
     """
+    if not (_is_int(min_replicas) and _is_int(max_replicas) and 1 <= min_replicas <= max_replicas):
+        raise ValueError(
+            f"need integers 1 <= min_replicas <= max_replicas, got {min_replicas!r} and {max_replicas!r}"
+        )
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -135,49 +141,112 @@ def to_yaml(doc: dict[str, Any]) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+#: Which target types each metric source accepts (API reference, MetricTarget; ``Utilization`` is a
+#: percentage of the pods' resource request, so only resource metrics have it).
+_TARGETS_FOR_SOURCE = {
+    "Resource": {"Utilization", "AverageValue"},
+    "ContainerResource": {"Utilization", "AverageValue"},
+    "Pods": {"AverageValue"},
+    "Object": {"Value", "AverageValue"},
+    "External": {"Value", "AverageValue"},
+}
+_TARGET_FIELD = {"Utilization": "averageUtilization", "Value": "value", "AverageValue": "averageValue"}
+#: A Kubernetes quantity: a decimal number with an optional suffix (the API's resource.Quantity grammar).
+_QUANTITY = re.compile(r"^[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _metric_errors(i: int, metric: object) -> list[str]:
+    where = f"spec.metrics[{i}]"
+    if not isinstance(metric, dict):
+        return [f"{where}: must be a mapping with a 'type', got {metric!r}"]
+    kind = metric.get("type")
+    if kind not in _METRIC_SOURCES:
+        return [f"{where}.type: must be one of {sorted(_METRIC_SOURCES)}, got {kind!r}"]
+    source = metric.get(_METRIC_SOURCES[kind])
+    if not isinstance(source, dict):
+        return [f"{where}: type {kind} needs the field {_METRIC_SOURCES[kind]!r}"]
+    errors = []
+    if kind in ("Resource", "ContainerResource") and source.get("name") not in ("cpu", "memory"):
+        errors.append(
+            f"{where}: Resource metrics come from metrics-server, which serves cpu and memory only; "
+            f"{source.get('name')!r} needs a custom or external metrics adapter (a Pods/Object/External metric)"
+        )
+    target = source.get("target") if isinstance(source.get("target"), dict) else {}
+    ttype = target.get("type")
+    if ttype not in _TARGETS_FOR_SOURCE[kind]:
+        return [
+            *errors,
+            f"{where}.target.type: a {kind} metric takes {sorted(_TARGETS_FOR_SOURCE[kind])}, got {ttype!r}",
+        ]
+    value = target.get(_TARGET_FIELD[ttype])
+    if ttype == "Utilization":
+        if not (_is_int(value) and value > 0):
+            errors.append(
+                f"{where}.target.averageUtilization: must be an integer percentage > 0, got {value!r}"
+            )
+    elif not (isinstance(value, str | int | float) and not isinstance(value, bool) and _QUANTITY.match(str(value))
+              and float(re.sub(r"[a-zA-Z]+$", "", str(value)) or 0) > 0):  # fmt: skip
+        errors.append(
+            f"{where}.target.{_TARGET_FIELD[ttype]}: must be a positive quantity such as '30' or '500m', got {value!r}"
+        )
+    return errors
+
+
+def _behavior_errors(direction: str, rules: object) -> list[str]:
+    where = f"spec.behavior.{direction}"
+    if rules is None:
+        return []
+    if not isinstance(rules, dict):
+        return [f"{where}: must be a mapping, got {rules!r}"]
+    errors = []
+    window = rules.get("stabilizationWindowSeconds")
+    if window is not None and not (_is_int(window) and 0 <= window <= 3600):
+        errors.append(f"{where}.stabilizationWindowSeconds: must be an integer in [0, 3600], got {window!r}")
+    if rules.get("selectPolicy") not in (None, "Max", "Min", "Disabled"):
+        errors.append(
+            f"{where}.selectPolicy: must be Max, Min or Disabled, got {rules.get('selectPolicy')!r}"
+        )
+    policies = rules.get("policies")
+    if policies is not None and not policies:
+        errors.append(f"{where}.policies: must hold at least one policy when given")
+    for j, policy in enumerate(policies or []):
+        if not isinstance(policy, dict):
+            errors.append(f"{where}.policies[{j}]: must be a mapping, got {policy!r}")
+            continue
+        if policy.get("type") not in ("Pods", "Percent"):
+            errors.append(f"{where}.policies[{j}].type: must be Pods or Percent, got {policy.get('type')!r}")
+        period, value = policy.get("periodSeconds"), policy.get("value")
+        if not (_is_int(period) and 0 < period <= 1800):
+            errors.append(
+                f"{where}.policies[{j}].periodSeconds: must be an integer in (0, 1800], got {period!r}"
+            )
+        if not (_is_int(value) and value > 0):
+            errors.append(f"{where}.policies[{j}].value: must be an integer > 0, got {value!r}")
+    return errors
+
+
 def _semantic_errors(doc: dict[str, Any]) -> list[str]:
     errors = []
     if doc.get("apiVersion") != "autoscaling/v2":
         errors.append(f"apiVersion: must be 'autoscaling/v2', got {doc.get('apiVersion')!r}")
     if doc.get("kind") != "HorizontalPodAutoscaler":
         errors.append(f"kind: must be 'HorizontalPodAutoscaler', got {doc.get('kind')!r}")
-    spec = doc.get("spec") or {}
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
     lo, hi = spec.get("minReplicas", 1), spec.get("maxReplicas")
-    if isinstance(lo, int) and isinstance(hi, int) and not 1 <= lo <= hi:
+    if _is_int(lo) and _is_int(hi) and not 1 <= lo <= hi:
         errors.append(f"spec: need 1 <= minReplicas <= maxReplicas, got {lo} and {hi}")
-    for i, metric in enumerate(spec.get("metrics") or []):
-        kind = metric.get("type")
-        if kind not in _METRIC_SOURCES:
-            errors.append(f"spec.metrics[{i}].type: must be one of {sorted(_METRIC_SOURCES)}, got {kind!r}")
-            continue
-        source = metric.get(_METRIC_SOURCES[kind])
-        if source is None:
-            errors.append(f"spec.metrics[{i}]: type {kind} needs the field {_METRIC_SOURCES[kind]!r}")
-            continue
-        target = source.get("target") or {}
-        if target.get("type") not in _TARGET_TYPES:
-            errors.append(f"spec.metrics[{i}].target.type: must be one of {sorted(_TARGET_TYPES)}")
-        if kind in ("Resource", "ContainerResource") and source.get("name") not in ("cpu", "memory"):
-            errors.append(
-                f"spec.metrics[{i}]: Resource metrics come from metrics-server, which serves cpu and memory only; "
-                f"{source.get('name')!r} needs a custom or external metrics adapter (a Pods/Object/External metric)"
-            )
+    metrics = spec.get("metrics") or []
+    if not isinstance(metrics, list):
+        return [*errors, f"spec.metrics: must be a list, got {metrics!r}"]
+    for i, metric in enumerate(metrics):
+        errors += _metric_errors(i, metric)
+    behavior = spec.get("behavior") if isinstance(spec.get("behavior"), dict) else {}
     for direction in ("scaleUp", "scaleDown"):
-        rules = (spec.get("behavior") or {}).get(direction) or {}
-        window = rules.get("stabilizationWindowSeconds")
-        if window is not None and not 0 <= window <= 3600:
-            errors.append(
-                f"spec.behavior.{direction}.stabilizationWindowSeconds: must be in [0, 3600], got {window}"
-            )
-        if rules.get("selectPolicy") not in (None, "Max", "Min", "Disabled"):
-            errors.append(f"spec.behavior.{direction}.selectPolicy: must be Max, Min or Disabled")
-        for j, policy in enumerate(rules.get("policies") or []):
-            if policy.get("type") not in ("Pods", "Percent"):
-                errors.append(f"spec.behavior.{direction}.policies[{j}].type: must be Pods or Percent")
-            if not 0 < policy.get("periodSeconds", 0) <= 1800:
-                errors.append(f"spec.behavior.{direction}.policies[{j}].periodSeconds: must be in (0, 1800]")
-            if not policy.get("value", 0) > 0:
-                errors.append(f"spec.behavior.{direction}.policies[{j}].value: must be > 0")
+        errors += _behavior_errors(direction, behavior.get(direction))
     return errors
 
 

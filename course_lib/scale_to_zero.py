@@ -87,13 +87,17 @@ def scale_to_zero(
         For decreasing arrival times or parameters out of range.
     """
     t_arr = np.asarray(arrival_times_s, dtype=float)
-    if t_arr.ndim != 1 or (np.diff(t_arr) < 0).any() or (t_arr < 0).any():
-        raise ValueError("arrival_times_s must be a 1-D array of non-decreasing times >= 0 seconds")
+    if t_arr.ndim != 1 or not np.isfinite(t_arr).all() or (np.diff(t_arr) < 0).any() or (t_arr < 0).any():
+        raise ValueError("arrival_times_s must be a 1-D array of finite, non-decreasing times >= 0 seconds")
     if not idle_timeout_s >= 0 or not cold_start_s >= 0 or not service_s > 0:
         raise ValueError(
             f"idle_timeout_s and cold_start_s must be >= 0 and service_s > 0, "
             f"got {idle_timeout_s!r}, {cold_start_s!r}, {service_s!r}"
         )
+    if horizon_s is not None and not (
+        math.isfinite(horizon_s) and horizon_s >= (t_arr[-1] if len(t_arr) else 0)
+    ):
+        raise ValueError(f"horizon_s must be finite and not before the last arrival, got {horizon_s!r}")
     always_on = math.isinf(idle_timeout_s)
     latencies, cold, waited = [], 0, 0
     up_since = 0.0 if always_on else None  # start of the current "replica running" interval

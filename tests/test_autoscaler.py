@@ -143,3 +143,27 @@ def test_policy_and_rules_validation():
 def test_result_always_within_min_and_max(current, metric, target, lo, span):
     hpa = HPA(lo, lo + span, [target])
     assert lo <= hpa.step(15, current, [metric]) <= lo + span
+
+
+def test_a_target_scaled_to_zero_by_hand_is_left_alone():
+    # horizontal.go: spec.replicas == 0 and minReplicas != 0 -> autoscaling disabled.
+    assert HPA(2, 10, [50.0]).step(0, 0, [100.0]) == 0
+
+
+def test_bad_targets_and_times_are_refused_early():
+    with pytest.raises(ValueError, match="targets"):
+        HPA(1, 10, [-5.0])
+    with pytest.raises(ValueError, match="tolerance"):
+        HPA(1, 10, [5.0], tolerance=5)
+    hpa = HPA(1, 10, [5.0])
+    with pytest.raises(ValueError, match="finite"):
+        hpa.step(float("nan"), 4, [5.0])
+    hpa.step(100, 20, [5.0])  # a clamp step counts as a step in time too
+    with pytest.raises(ValueError, match="backwards"):
+        hpa.step(50, 10, [5.0])
+
+
+def test_numpy_integers_are_replica_counts():
+    import numpy as np
+
+    assert desired_replicas(np.int64(50), 90, 75) == 60

@@ -108,3 +108,40 @@ def test_behavior_is_written_as_configured():
         _manifest(metrics=[("gpu", 80)])
     with pytest.raises(TypeError, match="dict"):
         validate_hpa("spec: {}")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (
+            lambda d: d["spec"]["metrics"][0]["pods"]["target"].update(type="Utilization"),
+            "takes ['AverageValue']",
+        ),
+        (lambda d: d["spec"]["metrics"][0]["pods"]["target"].pop("averageValue"), "positive quantity"),
+        (lambda d: d["spec"]["metrics"][0]["pods"]["target"].update(averageValue="abc"), "positive quantity"),
+        (lambda d: d["spec"]["metrics"][0]["pods"]["target"].update(averageValue="-5"), "positive quantity"),
+        (lambda d: d["spec"]["behavior"]["scaleDown"].update(policies=[]), "at least one policy"),
+        (
+            lambda d: d["spec"]["behavior"]["scaleUp"]["policies"][0].update(periodSeconds="15"),
+            "periodSeconds",
+        ),
+        (lambda d: d["spec"]["behavior"]["scaleUp"].update(stabilizationWindowSeconds="300"), "[0, 3600]"),
+        (lambda d: d["spec"].update(metrics=["cpu"]), "mapping"),
+    ],
+)
+def test_review_vectors_are_errors_not_crashes(mutate, needle):
+    doc = _manifest()
+    mutate(doc)
+    errors = validate_hpa(doc)
+    assert any(needle in e for e in errors), errors
+
+
+def test_quantities_with_suffixes_are_accepted():
+    doc = _manifest()
+    doc["spec"]["metrics"][0]["pods"]["target"]["averageValue"] = "500m"
+    assert validate_hpa(doc) == []
+
+
+def test_manifest_writer_refuses_bad_replica_bounds():
+    with pytest.raises(ValueError, match="min_replicas"):
+        _manifest(min_replicas=0, max_replicas=-1)
