@@ -35,6 +35,7 @@ from course_lib.prom_quantile import SLO_BUCKETS_S, SLO_P95_S, extrapolated_rate
 
 __all__ = [
     "PROMETHEUS_DIR",
+    "PROMTOOL_OUTPUT",
     "PROMTOOL_TESTS",
     "RULES",
     "SCRAPE_INTERVAL_S",
@@ -43,6 +44,7 @@ __all__ = [
     "IncidentSpec",
     "evaluate_rules",
     "promtool_path",
+    "promtool_report",
     "promtool_test_file",
     "run_promtool",
     "simulate_incident",
@@ -466,3 +468,31 @@ def write_promtool_tests(folder: str | Path | None = None) -> dict[str, Path]:
         path.write_text(promtool_test_file(incident, rule_file, check))
         written[test_name] = path
     return written
+
+
+#: promtool's answer to ``promtool_report()``'s commands, recorded on a machine that has it.
+PROMTOOL_OUTPUT = PROMETHEUS_DIR / "tests" / "promtool_output.txt"
+
+
+def promtool_report() -> tuple[bool, str]:
+    """``promtool check rules`` and ``promtool test rules`` on the committed files, or the stored answer.
+
+    Returns
+    -------
+    (ran, text)
+        ``ran`` is True when promtool ran here (``text`` is its output, with the exit codes); False
+        when it is not installed, in which case ``text`` is the output recorded in
+        ``prometheus/tests/promtool_output.txt``.
+    """
+    if promtool_path() is None:
+        return False, PROMTOOL_OUTPUT.read_text()
+    parts = []
+    for args in (
+        ("check", "rules", *sorted({r.file for r in RULES})),
+        ("test", "rules", *(f"tests/{name}" for name in PROMTOOL_TESTS)),
+    ):
+        result = run_promtool(*args)
+        parts.append(
+            f"$ promtool {' '.join(args)}\n{result.stdout}{result.stderr}(exit code {result.returncode})\n"
+        )
+    return True, "\n".join(parts)

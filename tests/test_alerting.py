@@ -108,3 +108,11 @@ def test_incident_spec_validates():
         IncidentSpec(canary_share=1.5)
     with pytest.raises(ValueError, match="rollback_min"):
         IncidentSpec(incident_start_min=50, rollback_min=40)
+
+
+def test_stored_promtool_output_is_what_promtool_says_now():
+    from course_lib.alerting import PROMTOOL_OUTPUT, promtool_report
+
+    ran, text = promtool_report()
+    assert ran and "(exit code 0)" in text and "exit code 1" not in text
+    assert text == PROMTOOL_OUTPUT.read_text(), "re-record prometheus/tests/promtool_output.txt"
