@@ -43,6 +43,7 @@ __all__ = [
     "IncidentSeries",
     "IncidentSpec",
     "evaluate_rules",
+    "incident_signals",
     "promtool_path",
     "promtool_report",
     "promtool_test_file",
@@ -496,3 +497,34 @@ def promtool_report() -> tuple[bool, str]:
             f"$ promtool {' '.join(args)}\n{result.stdout}{result.stderr}(exit code {result.returncode})\n"
         )
     return True, "\n".join(parts)
+
+
+def incident_signals(incident: IncidentSeries, *, left_open: bool = False) -> pd.DataFrame:
+    """What the corrected rules look at, at every scrape: per version, the request rate, the p95
+    (``histogram_quantile`` of the 5 m rates, s) and the 5xx ratio over 5 m.
+
+    Returns
+    -------
+    DataFrame with ``t_s``, ``version``, ``rps``, ``p95_s`` and ``error_ratio`` (NaN without traffic).
+    """
+    rows = []
+    for t in incident.times_s[1:]:
+        buckets = _rates(incident, incident.select(LATENCY), float(t), left_open)
+        p95 = _latency_quantile_by_version(buckets)
+        for ver in ("v1", "v2"):
+            alls = sum(_rates(incident, incident.select(REQUESTS, version=ver), float(t), left_open).values())
+            errs = sum(
+                _rates(
+                    incident, incident.select(REQUESTS, version=ver, status="5.."), float(t), left_open
+                ).values()
+            )
+            rows.append(
+                {
+                    "t_s": float(t),
+                    "version": ver,
+                    "rps": alls,
+                    "p95_s": p95.get(ver, math.nan),
+                    "error_ratio": errs / alls if alls > 0 else math.nan,
+                }
+            )
+    return pd.DataFrame(rows)

@@ -351,9 +351,7 @@ class RampController:
                 [] if calibration else ["slice labels"]
             )
         if short:
-            return self._record(
-                Decision(t, stage, "hold", stage, tuple(f"not enough data for {r}" for r in short))
-            )
+            return self._record(Decision(t, stage, "hold", stage, ("waiting for data: " + ", ".join(short),)))
         self.passed_windows += 1
         if self.passed_windows < self.min_windows:
             return self._record(

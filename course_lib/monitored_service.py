@@ -143,8 +143,8 @@ class ShadowScorer:
         *,
         metrics: ServiceMetrics | None = None,
         max_queue: int = 4096,
-        max_batch: int = 64,
-        flush_interval_s: float = 0.05,
+        max_batch: int = 256,
+        flush_interval_s: float = 0.25,
         max_lifetime_s: float = 600.0,
         log_size: int = 200_000,
     ):
@@ -152,21 +152,23 @@ class ShadowScorer:
             raise ValueError(f"max_queue and max_batch must be >= 1, got {max_queue} and {max_batch}")
         self.version, self.forward, self.lookup, self.metrics = version, forward, lookup, metrics
         self.max_batch, self.flush_interval_s = max_batch, flush_interval_s
-        self._queue: queue.Queue[tuple[str, str, float]] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[tuple[str, str, bytes]] = queue.Queue(maxsize=max_queue)
         self._wake, self._stop = threading.Event(), threading.Event()
         self.log: deque[dict[str, object]] = deque(maxlen=log_size)
         self.dropped = self.failed = 0
+        self.busy_s = 0.0  # wall time the worker spent scoring (its cost in capacity, not in latency)
         self._pending = 0  # submitted and not yet scored (or failed)
         self._lock = threading.Lock()
         self._deadline = time.monotonic() + max_lifetime_s
         self._thread = threading.Thread(target=self._run, name=f"shadow-{version}", daemon=True)
         self._thread.start()
 
-    def submit(self, customer_id: str, primary_version: str, primary_score: float) -> bool:
-        """Queue one answered request for shadow scoring; False (and counted) if the queue is full."""
+    def submit(self, customer_id: str, primary_version: str, primary_answer: bytes) -> bool:
+        """Queue one answered request (its JSON answer, decoded later by the worker, off the response
+        path) for shadow scoring; False (and counted as dropped) if the queue is full."""
         try:
             with self._lock:
-                self._queue.put_nowait((customer_id, primary_version, primary_score))
+                self._queue.put_nowait((customer_id, primary_version, primary_answer))
                 self._pending += 1
         except queue.Full:
             self.dropped += 1
@@ -193,6 +195,7 @@ class ShadowScorer:
                     break
             if not items:
                 return
+            started = time.perf_counter()
             try:
                 scores = self.forward([self.lookup(cid) for cid, _, _ in items])
             except Exception:  # a failing shadow model must never affect the service
@@ -207,13 +210,14 @@ class ShadowScorer:
                     {
                         "customer_id": cid,
                         "primary_version": primary,
-                        "primary_score": p,
+                        "primary_score": float(json.loads(p)["churn_probability"]),
                         "shadow_score": float(s),
                     }
                 )
             if self.metrics:
                 self.metrics.shadow.labels(self.version, "scored").inc(len(items))
                 self.metrics.batch_size.labels("shadow").observe(len(items))
+            self.busy_s += time.perf_counter() - started
             with self._lock:
                 self._pending -= len(items)
 
@@ -310,12 +314,11 @@ class VersionedChurnService:
                 result = self.services[version].handle(body)
             except RequestError as err:
                 version, result = "none", ServiceResponse(err.status_code, err.body())
-            if result.status_code == 200 and (m or self.shadow):
-                score = float(json.loads(result.body)["churn_probability"])
+            if result.status_code == 200:
                 if m:
-                    m.scores.labels(version).observe(score)
+                    m.scores.labels(version).observe(json.loads(result.body)["churn_probability"])
                 if self.shadow is not None and version != self.shadow.version:
-                    self.shadow.submit(customer_id, version, score)
+                    self.shadow.submit(customer_id, version, result.body)
             return version, result
         finally:
             if m:
