@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.stats import lognorm
 
 from course_lib.prom_quantile import SLO_BUCKETS_S, SLO_P95_S, extrapolated_rate, histogram_quantile
 
@@ -159,12 +158,19 @@ def simulate_incident(spec: IncidentSpec | None = None) -> IncidentSeries:
             errors + 0.5
         )
         for le in (*SLO_BUCKETS_S, math.inf):
-            healthy = lognorm.cdf(le * 1e3, spec.healthy_sigma, scale=spec.healthy_median_ms)
-            slow = lognorm.cdf(le * 1e3, spec.bad_sigma, scale=spec.bad_median_ms)
+            healthy = _lognormal_cdf(le * 1e3, spec.healthy_median_ms, spec.healthy_sigma)
+            slow = _lognormal_cdf(le * 1e3, spec.bad_median_ms, spec.bad_sigma)
             frac = np.where(bad, slow, healthy)
             cum = np.cumsum(n * frac) + warm_n * healthy
             out.series[_key(LATENCY, version=version, le=_le_text(le))] = np.floor(cum + 0.5)
     return out
+
+
+def _lognormal_cdf(x: float, median: float, sigma: float) -> float:
+    """P(X <= x) for a log-normal latency with the given median and shape."""
+    if math.isinf(x):
+        return 1.0
+    return 0.5 * (1.0 + math.erf((math.log(x) - math.log(median)) / (sigma * math.sqrt(2.0))))
 
 
 def _le_text(le: float) -> str:
