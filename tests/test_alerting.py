@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.alerting import (
-    PROMETHEUS_DIR,
-    PROMTOOL_TESTS,
-    RULES,
-    IncidentSpec,
-    evaluate_rules,
-    promtool_path,
-    run_promtool,
-    simulate_incident,
-    write_promtool_tests,
-)
+from course_lib.alerting import PROMETHEUS_DIR, RULES, IncidentSpec, evaluate_rules, simulate_incident
+from course_lib.promtool import PROMTOOL_TESTS, promtool_path, run_promtool, write_promtool_tests
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +102,7 @@ def test_incident_spec_validates():
 
 
 def test_stored_promtool_output_is_what_promtool_says_now():
-    from course_lib.alerting import PROMTOOL_OUTPUT, promtool_report
+    from course_lib.promtool import PROMTOOL_OUTPUT, promtool_report
 
     ran, text = promtool_report()
     assert ran and "(exit code 0)" in text and "exit code 1" not in text
