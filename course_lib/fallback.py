@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from course_lib.replica import is_slow
 
-__all__ = ["FallbackScorer", "SlowDependency", "auc_with_fallbacks"]
+__all__ = ["FallbackScorer", "SlowDependency", "auc_with_fallbacks", "run_fallback_load"]
 
 Lookup = Callable[[str], "dict[str, object] | None"]
 Forward = Callable[[list[dict[str, object]]], np.ndarray]
@@ -187,3 +188,28 @@ def auc_with_fallbacks(
         "auc_loss": auc_model - auc_served,
         "fallback_rate": float(mask.mean()),
     }
+
+
+async def run_fallback_load(
+    scorer: FallbackScorer,
+    customer_ids: Sequence[str],
+    *,
+    rate_rps: float,
+    seed: int,
+    max_duration_s: float = 60.0,
+) -> pd.DataFrame:
+    """Score every customer once through ``scorer`` under open-loop Poisson load.
+
+    Request ``i`` scores ``customer_ids[i]`` with call id ``str(i)`` (so the same calls stall in every
+    run). Returns loadgen's request table (in request order) plus ``churn_probability`` and
+    ``fallback``.
+    """
+    from course_lib.loadgen import run_open_loop
+
+    async def send(i: int) -> dict[str, Any]:
+        return await scorer.score(customer_ids[i], call_id=str(i))
+
+    result = await run_open_loop(
+        send, rate_rps=rate_rps, n_requests=len(customer_ids), max_duration_s=max_duration_s, seed=seed
+    )
+    return result.requests.sort_values("request_id").reset_index(drop=True)

@@ -29,8 +29,17 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+import pandas as pd
 
-__all__ = ["HedgeStats", "HedgedResult", "HedgingClient", "fanout_pages", "hedged"]
+__all__ = [
+    "HedgeStats",
+    "HedgedResult",
+    "HedgingClient",
+    "fanout_pages",
+    "hedged",
+    "hedging_summary",
+    "run_hedged_load",
+]
 
 R = TypeVar("R")  # a replica (URL, client, ...)
 T = TypeVar("T")  # an answer
@@ -68,12 +77,13 @@ class HedgeStats:
 
 @dataclass(frozen=True)
 class HedgedResult(Generic[T]):
-    """The winning answer, which replica gave it, and whether a hedge was sent."""
+    """The winning answer, which replica gave it, the primary's index, and whether a hedge was sent."""
 
     value: T
     replica: int
     hedged: bool
     latency_ms: float
+    primary: int
 
 
 async def _cancel_and_wait(tasks: set[asyncio.Task[Any]], stats: HedgeStats) -> None:
@@ -142,7 +152,9 @@ async def hedged(
         if hedge_after_s is not None:
             done, pending = await asyncio.wait(pending, timeout=hedge_after_s)
             if first in done and first.exception() is None:
-                return HedgedResult(first.result(), primary, False, 1000 * (time.perf_counter() - start))
+                return HedgedResult(
+                    first.result(), primary, False, 1000 * (time.perf_counter() - start), primary
+                )
             if first in done:  # failed before the hedge delay: the hedge is the only hope left
                 stats.failed_calls += 1
                 errors.append(first.exception())
@@ -160,7 +172,7 @@ async def hedged(
                     if owner[task] != primary:
                         stats.hedge_wins += 1
                     latency = 1000 * (time.perf_counter() - start)
-                    return HedgedResult(task.result(), owner[task], hedge_sent, latency)
+                    return HedgedResult(task.result(), owner[task], hedge_sent, latency, primary)
                 stats.failed_calls += 1
                 errors.append(task.exception())
         raise errors[0]
@@ -288,3 +300,56 @@ async def fanout_pages(
         page_ms[p] = 1000 * (time.perf_counter() - start)
         call_ms[p] = [r.latency_ms for r in results]
     return page_ms, call_ms
+
+
+async def run_hedged_load(
+    replica_urls: Sequence[str],
+    customer_ids: Sequence[str],
+    *,
+    hedge_after_ms: float | None,
+    n_requests: int,
+    rate_rps: float,
+    seed: int,
+    id_prefix: str = "h",
+    max_duration_s: float = 60.0,
+) -> tuple[pd.DataFrame, HedgeStats]:
+    """Open-loop Poisson load (``course_lib.loadgen.run_open_loop``) through a fresh ``HedgingClient``.
+
+    Request ``i`` scores ``customer_ids[i % len]`` with request id ``f"{id_prefix}{i}"``, so two runs
+    with the same prefix send the same requests (and a replica stalling by id stalls the same ones).
+
+    Returns
+    -------
+    (requests, stats)
+        ``requests``: one row per request, in request order, with loadgen's columns (``latency_ms``
+        from the scheduled send time, ``ok``, ``error``) plus ``hedged``, ``winner`` and ``primary``
+        (replica indexes); ``stats``: the client's ``HedgeStats``.
+    """
+    from course_lib.loadgen import run_open_loop
+
+    if not customer_ids:
+        raise ValueError("customer_ids must hold at least one id")
+    async with HedgingClient(replica_urls, hedge_after_ms=hedge_after_ms) as client:
+
+        async def send(i: int) -> dict[str, Any]:
+            res = await client.score(customer_ids[i % len(customer_ids)], request_id=f"{id_prefix}{i}")
+            return {"hedged": res.hedged, "winner": res.replica, "primary": res.primary}
+
+        result = await run_open_loop(
+            send, rate_rps=rate_rps, n_requests=n_requests, max_duration_s=max_duration_s, seed=seed
+        )
+    return result.requests.sort_values("request_id").reset_index(drop=True), client.stats
+
+
+def hedging_summary(requests: pd.DataFrame, stats: HedgeStats) -> dict[str, float]:
+    """p50/p95/p99/p99.9 (ms, nearest rank) of the answered requests, errors and hedge counters."""
+    from course_lib.percentiles import percentiles
+
+    ok = requests[requests["ok"]]
+    return {
+        **percentiles(ok["latency_ms"].to_numpy(), (50, 95, 99, 99.9)),
+        "errors": int((~requests["ok"]).sum()),
+        "extra_requests": stats.extra_request_fraction,
+        "hedge_wins": stats.hedge_wins,
+        "losers_cancelled": stats.cancelled,
+    }

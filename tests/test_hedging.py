@@ -58,7 +58,7 @@ def test_late_primary_gets_one_hedge_to_another_replica_first_answer_wins_and_th
         return fake, stats, result
 
     fake, stats, result = run(main())
-    assert (result.value, result.replica, result.hedged) == ("answer from 2", 2, True)
+    assert (result.value, result.replica, result.hedged, result.primary) == ("answer from 2", 2, True, 1)
     assert fake.calls == [1, 2]  # never the same replica twice, never a third copy
     assert fake.cancelled == [1]  # the loser was cancelled and awaited before hedged() returned
     assert (stats.sent, stats.hedges, stats.hedge_wins, stats.cancelled) == (2, 1, 1, 1)
