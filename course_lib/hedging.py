@@ -351,5 +351,5 @@ def hedging_summary(requests: pd.DataFrame, stats: HedgeStats) -> dict[str, floa
         "errors": int((~requests["ok"]).sum()),
         "extra_requests": stats.extra_request_fraction,
         "hedge_wins": stats.hedge_wins,
-        "losers_cancelled": stats.cancelled,
+        "copies_cancelled": stats.cancelled,
     }

@@ -70,3 +70,16 @@ def test_auc_with_fallbacks_substitutes_the_prior_on_the_flagged_rows():
 def test_bad_fallback_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FallbackScorer(SlowDependency(FEATURES.get), forward, **kwargs)
+
+
+def test_run_fallback_load_scores_every_customer_once_in_order():
+    from course_lib.fallback import run_fallback_load
+
+    dep = SlowDependency(FEATURES.get, base_ms=0.0, slow_ms=60_000.0, slow_fraction=0.5, seed=2)
+    scorer = FallbackScorer(dep, forward, prior=0.3, timeout_ms=10.0)
+    ids = ["SC-0000001", "SC-0000002"] * 10
+    table = asyncio.run(run_fallback_load(scorer, ids, rate_rps=1_000, seed=0))
+    expected = [dep.stalls(str(i)) for i in range(len(ids))]
+    assert table["request_id"].tolist() == list(range(len(ids)))
+    assert table["fallback"].tolist() == expected
+    assert scorer.fallbacks == dep.cancelled == sum(expected) and dep.running == 0

@@ -187,3 +187,27 @@ def test_fanout_pages_wait_for_the_slowest_call(slow_and_fast_replicas, ids):
     assert (page_ms >= call_ms.max(axis=1)).all()
     # the 4 calls whose primary is the stalled replica are hedged; the others only if slow here
     assert stats.requests == 8 and 4 <= stats.hedges <= 8 and stats.hedge_wins >= 4
+
+
+def test_run_hedged_load_records_each_request_in_order_with_its_primary(slow_and_fast_replicas, ids):
+    from course_lib.hedging import hedging_summary, run_hedged_load
+
+    slow, fast = slow_and_fast_replicas
+    requests, stats = run(
+        run_hedged_load(
+            [slow.url, fast.url],
+            ids,
+            hedge_after_ms=30.0,
+            n_requests=8,
+            rate_rps=200,
+            seed=1,
+            id_prefix="load",
+        )
+    )
+    assert requests["request_id"].tolist() == list(range(8))
+    assert requests["ok"].all() and (requests["winner"] == 1).all()
+    assert requests["primary"].tolist() == [0, 1] * 4
+    assert requests.loc[requests["primary"] == 0, "hedged"].all()
+    summary = hedging_summary(requests, stats)
+    assert summary["errors"] == 0 and summary["p50"] <= summary["p99"] <= summary["p99.9"]
+    assert summary["extra_requests"] == stats.hedges / 8 >= 0.5
