@@ -150,8 +150,10 @@ class ReplicaMiddleware:
         finally:
             for task in (sleeper, watcher):
                 task.cancel()
-        if watcher in done and not watcher.cancelled() and watcher.result()["type"] == "http.disconnect":
-            return None
+        if watcher in done and (
+            watcher.exception() is not None or watcher.result()["type"] == "http.disconnect"
+        ):
+            return None  # the client left (or its connection broke) during the stall
         replay = iter(messages)
 
         async def replay_receive() -> dict[str, Any]:
