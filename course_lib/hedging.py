@@ -167,7 +167,7 @@ async def hedged(
             stats.sent += 1
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: owner[t]):
+            for task in sorted(done, key=lambda t: owner[t] != primary):  # a tie goes to the primary
                 if task.exception() is None:
                     if owner[task] != primary:
                         stats.hedge_wins += 1
