@@ -303,8 +303,8 @@ class ReplicaProcess:
         except httpx.TransportError:
             return False
 
-    def stop(self, timeout_s: float = 10.0) -> int:
-        """Terminate (SIGTERM), wait, kill if needed; returns the exit code."""
+    def stop(self, timeout_s: float = 10.0, *, keep_log: bool = False) -> int:
+        """Terminate (SIGTERM), wait, kill if needed, delete the log unless ``keep_log``; the exit code."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -314,6 +314,8 @@ class ReplicaProcess:
                 self.process.wait(timeout_s)
         if self.process.stdout is not None:
             self.process.stdout.close()
+        if not keep_log:
+            self.log_path.unlink(missing_ok=True)
         return int(self.process.returncode)
 
     def __enter__(self) -> ReplicaProcess:

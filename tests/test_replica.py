@@ -78,8 +78,9 @@ def test_replica_stops_by_itself_after_its_lifetime(replica_files):
     try:
         wait_until(lambda: replica.process.poll() is not None, timeout_s=60, what="the replica to exit")
     finally:
-        replica.stop()
+        replica.stop(keep_log=True)
     assert "max lifetime" in replica.log_path.read_text()
+    replica.log_path.unlink()
 
 
 def test_replica_exits_when_its_parent_dies(replica_files, tmp_path):
@@ -89,13 +90,14 @@ def test_replica_exits_when_its_parent_dies(replica_files, tmp_path):
         from course_lib.replica import start_replica
         r = start_replica({str(replica_files.onnx_path)!r}, {str(replica_files.store_path)!r},
                           {replica_files.model_version!r}, max_lifetime_s=120)
-        print(r.process.pid, flush=True)
+        print(r.process.pid, r.log_path, flush=True)
         time.sleep(120)
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=os.environ.copy())
     try:
-        child_pid = int(parent.stdout.readline())
+        pid_text, log_path = parent.stdout.readline().decode().split()
+        child_pid = int(pid_text)
     finally:
         parent.kill()
         parent.wait()
@@ -111,6 +113,7 @@ def test_replica_exits_when_its_parent_dies(replica_files, tmp_path):
             return fh.read().split(") ")[1].startswith("Z")
 
     wait_until(gone, timeout_s=30, what=f"replica {child_pid} to exit after its parent was killed")
+    os.unlink(log_path)
 
 
 def test_start_replica_refuses_missing_files(tmp_path, replica_files):
