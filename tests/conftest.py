@@ -39,3 +39,43 @@ def onnx_scorer(onnx_model):
     from course_lib.export import OnnxChurnScorer, make_session
 
     return OnnxChurnScorer(make_session(onnx_model))
+
+
+@pytest.fixture(scope="session")
+def replica_files(tmp_path_factory):
+    """An exported model and a small feature store for replica processes (course_lib.replica)."""
+    from course_lib.replica import prepare_replica_files
+
+    return prepare_replica_files(tmp_path_factory.mktemp("replica_files"), n_customers=2_000)
+
+
+@pytest.fixture(scope="session")
+def ids(replica_files):
+    from course_lib.feature_store import FeatureStore
+
+    with FeatureStore(replica_files.store_path) as store:
+        return store.sample_ids(200, seed=1)
+
+
+@pytest.fixture(scope="session")
+def slow_and_fast_replicas(replica_files):
+    """Two replica processes: the first stalls every request by 20 s, the second never stalls."""
+    from course_lib.replica import ReplicaConfig, start_replica
+    from course_lib.waiting import wait_until
+
+    slow = start_replica(
+        replica_files.onnx_path,
+        replica_files.store_path,
+        replica_files.model_version,
+        config=ReplicaConfig(slow_fraction=1.0, slow_ms=20_000.0),
+        max_lifetime_s=300,
+    )
+    fast = start_replica(
+        replica_files.onnx_path, replica_files.store_path, replica_files.model_version, max_lifetime_s=300
+    )
+    try:
+        wait_until(lambda: slow.is_ready() and fast.is_ready(), timeout_s=60, what="both replicas ready")
+        yield slow, fast
+    finally:
+        slow.stop()
+        fast.stop()

@@ -1,0 +1,121 @@
+"""Replica processes: readiness after warm-up, seeded stalls, bounded lifetime, exit with the parent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import httpx
+import pytest
+
+from course_lib.replica import ReplicaConfig, is_slow, start_replica
+from course_lib.waiting import wait_until
+
+
+def test_stall_choice_is_seeded_and_has_the_asked_fraction():
+    ids = [str(i) for i in range(20_000)]
+    picks = [is_slow(i, seed=3, slow_fraction=0.02) for i in ids]
+    assert picks == [is_slow(i, seed=3, slow_fraction=0.02) for i in ids]
+    assert picks != [is_slow(i, seed=4, slow_fraction=0.02) for i in ids]
+    assert abs(sum(picks) / len(ids) - 0.02) < 0.004  # binomial sd is 0.001
+    assert not any(is_slow(i, seed=3, slow_fraction=0.0) for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"slow_fraction": 1.5}, "slow_fraction"),
+        ({"slow_ms": -1}, "slow_ms"),
+        ({"warmup_requests": -1}, "warmup"),
+    ],
+)
+def test_bad_replica_config_is_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ReplicaConfig(**kwargs)
+
+
+def test_replica_is_not_ready_before_its_warm_up_finished(replica_files):
+    n = 300
+    replica = start_replica(
+        replica_files.onnx_path,
+        replica_files.store_path,
+        replica_files.model_version,
+        config=ReplicaConfig(warmup_requests=n),
+        max_lifetime_s=120,
+    )
+    seen = []
+    try:
+        with httpx.Client(base_url=replica.url, timeout=10.0) as client:
+
+            def poll():
+                try:
+                    response = client.get("/readyz")
+                except httpx.TransportError:
+                    return False
+                stats = client.get("/stats").json()
+                seen.append((response.status_code, response.json()["warmup_done"], stats["warmup_requests"]))
+                return response.status_code == 200
+
+            wait_until(poll, timeout_s=90, interval_s=0.002, what="readiness")
+            assert client.get("/healthz").status_code == 200
+    finally:
+        replica.stop()
+    assert seen[0][0] == 503, "the first readiness probe came after the warm-up: raise n"
+    for status, done, served in seen:
+        assert (status == 200) == (done == n)
+        if status == 200:
+            assert served == n  # every warm-up request was served before ready
+        else:
+            assert done < n
+
+
+def test_replica_stops_by_itself_after_its_lifetime(replica_files):
+    replica = start_replica(
+        replica_files.onnx_path, replica_files.store_path, replica_files.model_version, max_lifetime_s=2
+    )
+    try:
+        wait_until(lambda: replica.process.poll() is not None, timeout_s=60, what="the replica to exit")
+    finally:
+        replica.stop(keep_log=True)
+    assert "max lifetime" in replica.log_path.read_text()
+    replica.log_path.unlink()
+
+
+def test_replica_exits_when_its_parent_dies(replica_files, tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from course_lib.replica import start_replica
+        r = start_replica({str(replica_files.onnx_path)!r}, {str(replica_files.store_path)!r},
+                          {replica_files.model_version!r}, max_lifetime_s=120)
+        print(r.process.pid, r.log_path, flush=True)
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=os.environ.copy())
+    try:
+        pid_text, log_path = parent.stdout.readline().decode().split()
+        child_pid = int(pid_text)
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+
+    def gone():
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return True
+        # a zombie is gone too (its parent died, init reaps it)
+        with open(f"/proc/{child_pid}/stat") as fh:
+            return fh.read().split(") ")[1].startswith("Z")
+
+    wait_until(gone, timeout_s=30, what=f"replica {child_pid} to exit after its parent was killed")
+    os.unlink(log_path)
+
+
+def test_start_replica_refuses_missing_files(tmp_path, replica_files):
+    with pytest.raises(FileNotFoundError, match="onnx_path"):
+        start_replica(tmp_path / "nope.onnx", replica_files.store_path, "v")
