@@ -83,7 +83,9 @@ def aiohttp_target(
                 async with session.post(url, json=payload) as response:
                     text = await response.text()
                     if response.status >= 300:
-                        raise HttpStatusError(response.status, text)
+                        raise HttpStatusError(
+                            response.status, text, retry_after=response.headers.get("Retry-After")
+                        )
                     return json.loads(text) if names else {}
 
             yield coroutine_target(post, payloads, fields=names)
@@ -219,6 +221,16 @@ class GeneratorPool:
         ]
         planned = sum(s["n_requests"] for s in specs)
         return merge_results(parts, rate_rps=rate_rps, planned=planned, wall_s=max(o["wall_s"] for o in outs))
+
+    def step_runner(
+        self, url: str, payloads: Sequence[Any], **run_kwargs: Any
+    ) -> Callable[[float], LoadResult]:
+        """A one-argument ``rate -> LoadResult`` for ``course_lib.knee.climb``: ``run`` at that rate (seed = rate)."""
+
+        def step(rate_rps: float) -> LoadResult:
+            return self.run(url, payloads, rate_rps=rate_rps, seed=int(rate_rps), **run_kwargs)
+
+        return step
 
     def close(self) -> None:
         """Stop the worker processes."""

@@ -57,11 +57,13 @@ SEND_LAG_BOUND_MS = 1.0
 
 
 class HttpStatusError(RuntimeError):
-    """A non-2xx answer; ``status`` is the HTTP status code (429 and 503 count as shed load)."""
+    """A non-2xx answer: ``status`` (429 and 503 count as shed load) and the ``Retry-After`` header, if any."""
 
-    def __init__(self, status: int, body: str = ""):
-        super().__init__(f"HTTP {status}: {body[:200]}")
+    def __init__(self, status: int, body: str = "", *, retry_after: str | None = None):
+        hint = f" (Retry-After: {retry_after})" if retry_after is not None else ""
+        super().__init__(f"HTTP {status}{hint}: {body[:200]}")
         self.status = int(status)
+        self.retry_after = retry_after
 
 
 def _outcome(exc: BaseException) -> str:
@@ -316,7 +318,9 @@ def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Itera
     async def post(payload: Any) -> Mapping[str, Any]:
         response = await client.post(url, json=payload)
         if response.status_code >= 300:
-            raise HttpStatusError(response.status_code, response.text)
+            raise HttpStatusError(
+                response.status_code, response.text, retry_after=response.headers.get("retry-after")
+            )
         return response.json() if names else {}
 
     return coroutine_target(post, payloads, fields=names)
