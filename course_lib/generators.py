@@ -93,16 +93,27 @@ def aiohttp_target(
     return factory
 
 
+def _warm_worker() -> None:
+    """Worker initializer: import what a run needs now, not inside the first timed run."""
+    import aiohttp  # noqa: F401
+    import uvloop  # noqa: F401
+
+
 def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
-    """One generator process's run (executed in a worker process): wait for the common start, then send."""
+    """One generator process's run (executed in a worker process): wait for the common start, then send.
+
+    If the process starts its schedule late (after ``start_at``), every request left that much later
+    than intended: the lateness is added to each request's send lag and latency, never dropped.
+    """
     import uvloop
 
-    async def main() -> LoadResult:
+    async def main() -> tuple[LoadResult, float]:
         delay = spec["start_at"] - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
         async with aiohttp_target(spec["url"], spec["payloads"], fields=spec["fields"])() as send:
-            return await run_open_loop(
+            late_ms = max(0.0, 1000.0 * (time.time() - spec["start_at"]))
+            result = await run_open_loop(
                 send,
                 rate_rps=spec["rate_rps"],
                 n_requests=spec["n_requests"],
@@ -111,12 +122,12 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
                 request_timeout_s=spec["request_timeout_s"],
                 schedule_ms=spec["schedule_ms"],
             )
+        return result, late_ms
 
-    started = time.time()
-    result = uvloop.run(main())
-    offset_ms = 1000.0 * (max(started, spec["start_at"]) - spec["start_at"])
-    frame = result.requests.assign(scheduled_ms=result.requests["scheduled_ms"] + offset_ms)
-    return {"requests": frame, "wall_s": result.wall_s, "pid": os.getpid()}
+    result, late_ms = uvloop.run(main())
+    req = result.requests
+    frame = req.assign(lag_ms=req["lag_ms"] + late_ms, latency_ms=req["latency_ms"] + late_ms)
+    return {"requests": frame, "wall_s": result.wall_s, "pid": os.getpid(), "late_ms": late_ms}
 
 
 def merge_results(
@@ -157,7 +168,7 @@ class GeneratorPool:
         self.n_processes = n_processes
         self.start_delay_s = float(start_delay_s)
         ctx = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=n_processes, mp_context=ctx)
+        self._pool = ProcessPoolExecutor(max_workers=n_processes, mp_context=ctx, initializer=_warm_worker)
         # Start every worker now (imports included), not inside the first timed run.
         futures = [self._pool.submit(time.sleep, 0.2) for _ in range(n_processes)]
         for f in futures:
