@@ -51,7 +51,8 @@ def main() -> None:
             gen_limit, _ = generator_limit(pool, null_url, [250, 500, 1000, 2000, 4000, 8000], duration_s=1.0)
         print(f"generator limit (send-lag p99 <= 1 ms): {gen_limit:,.0f} requests/s")
         urls = {
-            name: stack.enter_context(serve_churn(lifetime_s=600, **kw)).url for name, kw in CONFIGS.items()
+            name: stack.enter_context(serve_churn(lifetime_s=900, startup_timeout_s=300, **kw)).url
+            for name, kw in CONFIGS.items()
         }
         for url in urls.values():  # warm-up, not recorded
             pool.run(url + "/score", payloads, rate_rps=20, duration_s=0.5)
