@@ -32,7 +32,10 @@ from course_lib.batching_rule import poisson_arrivals_ms
 from course_lib.percentiles import percentiles
 
 __all__ = [
+    "OUTCOMES",
+    "SEND_LAG_BOUND_MS",
     "SERVED_FIELDS",
+    "HttpStatusError",
     "LoadResult",
     "batcher_target",
     "capacity_table",
@@ -47,6 +50,28 @@ __all__ = [
 Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
 #: What the batcher (and the batching server) report about how each request was served.
 SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
+#: How every request ends: answered (2xx), shed by the server (429/503), timed out, or another error.
+OUTCOMES: tuple[str, ...] = ("ok", "shed", "timeout", "error")
+#: Send lag (actual - scheduled send time) p99 above this flags a run as generator-bound (ms).
+SEND_LAG_BOUND_MS = 1.0
+
+
+class HttpStatusError(RuntimeError):
+    """A non-2xx answer: ``status`` (429 and 503 count as shed load) and the ``Retry-After`` header, if any."""
+
+    def __init__(self, status: int, body: str = "", *, retry_after: str | None = None):
+        hint = f" (Retry-After: {retry_after})" if retry_after is not None else ""
+        super().__init__(f"HTTP {status}{hint}: {body[:200]}")
+        self.status = int(status)
+        self.retry_after = retry_after
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, HttpStatusError) and exc.status in (429, 503):
+        return "shed"
+    return "error"
 
 
 @dataclass(frozen=True)
@@ -57,8 +82,10 @@ class LoadResult:
     ----------
     requests : DataFrame, one row per request sent
         ``request_id``, ``scheduled_ms`` (since the run started), ``lag_ms`` (actual send - scheduled),
-        ``latency_ms`` (answer - scheduled; NaN if it failed), ``ok``, ``error`` (empty when ok), plus
-        one column per field the target returned (e.g. ``queue_wait_ms``, ``batch_size``).
+        ``latency_ms`` (answer - scheduled; NaN if no answer came), ``ok``, ``outcome`` (one of
+        ``OUTCOMES``), ``error`` (empty when ok), plus one column per field the target returned
+        (e.g. ``queue_wait_ms``, ``batch_size``). A shed request (429/503) keeps its ``latency_ms``:
+        the time it took to be refused.
     rate_rps : float
         Offered rate asked for.
     planned : int
@@ -72,12 +99,20 @@ class LoadResult:
     planned: int
     wall_s: float
 
-    def summary(self) -> dict[str, float]:
-        """Offered and achieved rates, error count and latency percentiles of the successful requests.
+    def summary(self, *, lag_bound_ms: float = SEND_LAG_BOUND_MS) -> dict[str, float]:
+        """Offered and achieved rates, outcome counts and latency percentiles of the successful requests.
 
         ``offered_rps`` = (sent - 1) / (last - first scheduled send time); ``achieved_rps`` =
         (successful answers - 1) / (last - first answer time), the same kind of rate measured at the
-        other end, so the two agree when the target keeps up, however short the run.
+        other end, so the two agree when the target keeps up, however short the run. Counts obey
+        ``sent = ok + shed + timeouts + other_errors`` (``errors`` = all but ok). ``lag_p99_ms`` is the
+        p99 of the generator's send lag and ``generator_ok`` says whether it stayed within
+        ``lag_bound_ms``: when it did not, the latencies measure the generator, not the service.
+
+        Raises
+        ------
+        ValueError
+            If nothing was sent, or a request's row is missing (count in != count out).
         """
         req = self.requests
         sent = len(req)
@@ -98,6 +133,12 @@ class LoadResult:
             if sent > 1 and sched[-1] > sched[0]
             else math.nan
         )
+        outcome = req["outcome"] if "outcome" in req.columns else req["ok"].map({True: "ok", False: "error"})
+        counts = outcome.value_counts()
+        n = {name: int(counts.get(name, 0)) for name in OUTCOMES}
+        if sum(n.values()) != sent or sorted(req["request_id"]) != list(range(sent)):
+            raise ValueError(f"count in != count out: {sent} rows, outcomes {n}")
+        lag_p99 = percentiles(req["lag_ms"].to_numpy(), (99,))["p99"]
         row: dict[str, float] = {
             "rate_rps": self.rate_rps,
             "offered_rps": offered,
@@ -105,10 +146,15 @@ class LoadResult:
             "sent": sent,
             "ok": len(ok),
             "errors": sent - len(ok),
+            "shed": n["shed"],
+            "timeouts": n["timeout"],
+            "other_errors": n["error"],
             "p50_ms": lat["p50"],
             "p95_ms": lat["p95"],
             "p99_ms": lat["p99"],
             "max_lag_ms": float(req["lag_ms"].max()),
+            "lag_p99_ms": lag_p99,
+            "generator_ok": bool(lag_p99 <= lag_bound_ms),
         }
         if "batch_size" in req.columns and len(ok):
             row["mean_batch_size"] = float(ok["batch_size"].mean())
@@ -133,6 +179,7 @@ async def run_open_loop(
     max_duration_s: float,
     seed: int = 0,
     request_timeout_s: float = 5.0,
+    schedule_ms: Sequence[float] | np.ndarray | None = None,
 ) -> LoadResult:
     """Send up to ``n_requests`` requests at Poisson times for at most ``max_duration_s`` seconds.
 
@@ -152,6 +199,9 @@ async def run_open_loop(
     request_timeout_s : float > 0
         A request not answered within this many seconds of its send is cancelled and recorded as
         an error, so the whole run ends within about ``max_duration_s + request_timeout_s``.
+    schedule_ms : 1-D array of float, optional
+        Intended send times in ms (non-decreasing, e.g. a spike from ``course_lib.knee.spike_schedule``)
+        instead of Poisson times at ``rate_rps``; ``rate_rps`` is then only the label of the run.
 
     Returns
     -------
@@ -160,14 +210,22 @@ async def run_open_loop(
     Raises
     ------
     ValueError
-        For a rate, duration or timeout that is not a finite number > 0, or ``n_requests`` < 1.
+        For a rate, duration or timeout that is not a finite number > 0, ``n_requests`` < 1, or a
+        schedule that is empty, not finite or decreasing.
     """
     rate = _check_positive("rate_rps", rate_rps)
     duration = _check_positive("max_duration_s", max_duration_s)
     timeout = _check_positive("request_timeout_s", request_timeout_s)
     if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 1:
         raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
-    schedule_s = poisson_arrivals_ms(rate, int(n_requests), seed) / 1000.0
+    if schedule_ms is None:
+        schedule_s = poisson_arrivals_ms(rate, int(n_requests), seed) / 1000.0
+    else:
+        schedule_s = np.asarray(schedule_ms, dtype=float)[: int(n_requests)] / 1000.0
+        if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
+            raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
+        if (np.diff(schedule_s) < 0).any():
+            raise ValueError("schedule_ms must be non-decreasing (intended send times in order)")
     schedule_s = schedule_s - schedule_s[0]  # first request at t = 0
     schedule_s = schedule_s[schedule_s <= duration]
     rows: list[dict[str, Any] | None] = [None] * len(schedule_s)
@@ -182,11 +240,22 @@ async def run_open_loop(
             async with asyncio.timeout(timeout):
                 fields = await send(i)
         except TimeoutError:
-            row.update(ok=False, error=f"TimeoutError: no answer within {timeout:g} s", latency_ms=math.nan)
+            row.update(
+                ok=False,
+                outcome="timeout",
+                error=f"TimeoutError: no answer within {timeout:g} s",
+                latency_ms=math.nan,
+            )
         except Exception as exc:
-            row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}", latency_ms=math.nan)
+            kind = _outcome(exc)
+            row.update(
+                ok=False,
+                outcome=kind,
+                error=f"{type(exc).__name__}: {str(exc)[:200]}",
+                latency_ms=1000.0 * (clock() - scheduled) if kind == "shed" else math.nan,
+            )
         else:
-            row.update(ok=True, error="", latency_ms=1000.0 * (clock() - scheduled))
+            row.update(ok=True, outcome="ok", error="", latency_ms=1000.0 * (clock() - scheduled))
             if fields:
                 row.update(fields)
         rows[i] = row
@@ -200,7 +269,10 @@ async def run_open_loop(
         tasks.append(asyncio.create_task(one(i, due)))
     if tasks:
         await asyncio.gather(*tasks)
-    frame = pd.DataFrame([r for r in rows if r is not None])
+    missing = [i for i, r in enumerate(rows) if r is None]
+    if missing:  # every request sent has a row: an answer, a shed, a timeout or an error
+        raise RuntimeError(f"{len(missing)} requests have no outcome (first: {missing[:5]})")
+    frame = pd.DataFrame(rows)
     return LoadResult(requests=frame, rate_rps=rate, planned=int(n_requests), wall_s=clock() - start)
 
 
@@ -233,8 +305,8 @@ def coroutine_target(
 def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Iterable[str] = ()) -> Send:
     """POST ``payloads[i % len(payloads)]`` as JSON to ``url`` with an ``httpx.AsyncClient``.
 
-    A non-2xx answer raises ``RuntimeError`` naming the status and the start of the body, so it is
-    recorded as an error with its reason. The named fields of the JSON answer are recorded.
+    A non-2xx answer raises ``HttpStatusError`` (a ``RuntimeError``) naming the status and the start
+    of the body, so it is recorded as an error (or as shed, for 429/503) with its reason. The named fields of the JSON answer are recorded.
 
     Raises
     ------
@@ -246,7 +318,9 @@ def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Itera
     async def post(payload: Any) -> Mapping[str, Any]:
         response = await client.post(url, json=payload)
         if response.status_code >= 300:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+            raise HttpStatusError(
+                response.status_code, response.text, retry_after=response.headers.get("retry-after")
+            )
         return response.json() if names else {}
 
     return coroutine_target(post, payloads, fields=names)
