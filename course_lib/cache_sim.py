@@ -34,6 +34,7 @@ import numpy as np
 
 __all__ = [
     "FifoCache",
+    "hit_rates_from_distances",
     "ideal_hit_rates",
     "lru_hit_rates",
     "lru_stack_distances",
@@ -192,10 +193,21 @@ def lru_hit_rates(keys: Sequence[Hashable] | np.ndarray, sizes: Iterable[int]) -
     ValueError
         If a size is not a positive integer or ``keys`` is empty.
     """
+    return hit_rates_from_distances(lru_stack_distances(keys), sizes)
+
+
+def hit_rates_from_distances(distances: np.ndarray, sizes: Iterable[int]) -> np.ndarray:
+    """LRU hit rate for each size from precomputed ``lru_stack_distances`` (hit when 0 <= d < size).
+
+    Raises
+    ------
+    ValueError
+        If ``distances`` is empty or a size is not a positive integer.
+    """
     checked = [_positive_int("sizes", s) for s in sizes]
-    distances = lru_stack_distances(keys)
+    distances = np.asarray(distances)
     if len(distances) == 0:
-        raise ValueError("keys is empty: a hit rate needs at least one request")
+        raise ValueError("distances is empty: a hit rate needs at least one request")
     reused = np.sort(distances[distances >= 0])
     return np.searchsorted(reused, np.asarray(checked), side="left") / len(distances)
 

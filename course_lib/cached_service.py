@@ -30,12 +30,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from course_lib.percentiles import percentile
 from course_lib.prediction_cache import PredictionCache, PredictionKey
-from course_lib.profiling import RequestProfile
+from course_lib.profiling import END_TO_END, LatencyBudget, RequestProfile
 from course_lib.service import ChurnService, RequestError, ServiceResponse
 
-__all__ = ["CACHED_STAGES", "CachedChurnService", "measure_dedup", "store_snapshot"]
+__all__ = ["CACHED_STAGES", "CachedChurnService", "hit_miss_summary", "measure_dedup", "store_snapshot"]
 
 #: Stages of a cached request, in order (a hit runs parse, cache_get and format only).
 CACHED_STAGES: tuple[str, ...] = ("parse", "cache_get", "lookup", "forward", "cache_set", "format")
@@ -51,6 +53,14 @@ def store_snapshot(store: Any) -> str:
     """
     path = store.path
     return f"{path.name}@{path.stat().st_mtime_ns}"
+
+
+def _with_cache_field(answer: bytes, outcome: str) -> bytes:
+    """The service's JSON answer with ``"cache": outcome`` added (appended in place when it ends in ``}``)."""
+    body = answer.rstrip()
+    if body.endswith(b"}") and body != b"{}":
+        return body[:-1] + b', "cache": "' + outcome.encode() + b'"}'
+    return json.dumps({**json.loads(answer), "cache": outcome}).encode()
 
 
 class CachedChurnService:
@@ -142,9 +152,7 @@ class CachedChurnService:
             else:
                 p = cached
             with profile.stage("format"):
-                answer = json.loads(self.service.format(request, p))
-                answer["cache"] = "miss" if cached is None else "hit"
-                out = json.dumps(answer).encode()
+                out = _with_cache_field(self.service.format(request, p), "miss" if cached is None else "hit")
         except RequestError as err:
             return ServiceResponse(err.status_code, err.body(), profile)
         return ServiceResponse(200, out, profile)
@@ -178,6 +186,37 @@ class CachedChurnService:
         if result.status_code != 200:
             raise RequestError(result.status_code, "request_failed", result.body.decode(errors="replace"))
         return result.profile
+
+
+def hit_miss_summary(budget: LatencyBudget, qs: Sequence[float] = (50, 99)) -> pd.DataFrame:
+    """Per-stage latency percentiles of a cached run, hits and misses apart, in microseconds.
+
+    A request is a hit when it has no ``lookup`` stage. Rows: the stages in request order (those
+    present), then ``end_to_end``; columns ``"hit p50"``, ``"hit p99"``, ``"miss p50"``, ... (nearest
+    rank); NaN where a stage never ran for that kind of request.
+
+    Raises
+    ------
+    ValueError
+        If the budget is empty.
+    """
+    frame = budget.to_frame()
+    if frame.empty:
+        raise ValueError("budget holds no requests")
+    is_hit = frame["lookup"].isna() if "lookup" in frame else pd.Series(True, index=frame.index)
+    stages = [c for c in frame.columns if c != "request_id"]
+    table = {}
+    for kind, mask in (("hit", is_hit), ("miss", ~is_hit)):
+        for q in qs:
+            table[f"{kind} p{q:g}"] = {
+                stage: percentile(frame.loc[mask, stage].dropna(), q) * 1000.0
+                if frame.loc[mask, stage].notna().any()
+                else np.nan
+                for stage in stages
+            }
+    out = pd.DataFrame(table)
+    out.index.name = "stage (us)"
+    return out.loc[[*(s for s in stages if s != END_TO_END), END_TO_END]]
 
 
 async def measure_dedup(
