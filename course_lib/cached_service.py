@@ -10,8 +10,8 @@ A request is timed stage by stage, as in Lesson 2:
 The cache key is ``(model_version, customer_id, feature_snapshot)``: a model with another version
 never reads the old model's entries, and a refreshed feature store (another snapshot) never reads
 scores computed from the old features. The answer is the Lesson 2 answer plus ``"cache": "hit"`` or
-``"miss"``. ``course_lib.service.create_app`` serves it over HTTP unchanged (it needs only
-``handle_async`` and ``model_version``).
+``"miss"``. It is a ``ChurnService`` (only ``handle_async`` differs), so ``handle``, ``timed_score``
+and ``course_lib.service.create_app`` work with it unchanged.
 
 ``measure_dedup`` runs Lesson 3's batcher (``course_lib.batcher.DynamicBatcher`` with its
 de-duplication key) under open-loop traffic, to compare de-duplication with caching on the same
@@ -63,7 +63,7 @@ def _with_cache_field(answer: bytes, outcome: str) -> bytes:
     return json.dumps({**json.loads(answer), "cache": outcome}).encode()
 
 
-class CachedChurnService:
+class CachedChurnService(ChurnService):
     """A ``ChurnService`` behind a prediction cache keyed by model version and feature snapshot.
 
     Parameters
@@ -75,14 +75,18 @@ class CachedChurnService:
     feature_snapshot : str
         Version of the features the service reads (``store_snapshot(store)``).
     key_model_version : bool
-        True (always, in real code). False builds keys *without* the model version, as the cache in
-        a public post-mortem did: only for the lesson's demonstration of stale scores after a model
-        change.
+        True (always, in real code). False builds keys *without* the model version: only for the
+        lesson's demonstration of the stale scores such a key serves after a model change.
 
     Raises
     ------
     TypeError
-        If ``cache`` is not a ``PredictionCache`` or ``service`` lacks the pipeline's stages.
+        If ``cache`` is not a ``PredictionCache`` or ``service`` is not a ``ChurnService``.
+
+    Notes
+    -----
+    A subclass of ``ChurnService`` that overrides only ``handle_async``, so ``handle``,
+    ``timed_score`` and ``create_app`` work unchanged; the stages run on the wrapped ``service``.
     ValueError
         If ``feature_snapshot`` is empty or contains ``"|"``.
     """
@@ -97,34 +101,33 @@ class CachedChurnService:
     ):
         if not isinstance(cache, PredictionCache):
             raise TypeError(f"cache must be a PredictionCache, got {type(cache).__name__}")
-        for stage in ("parse", "lookup", "forward", "format"):
-            if not callable(getattr(service, stage, None)):
-                raise TypeError(f"service must be a ChurnService with a {stage!r} stage")
+        if not isinstance(service, ChurnService):
+            raise TypeError(f"service must be a ChurnService, got {type(service).__name__}")
         PredictionKey("v", "c", feature_snapshot)  # validates the snapshot string
+        super().__init__(
+            service.lookup_features,
+            service.forward,
+            model_version=service.model_version,
+            lookup_mode=service.lookup_mode,
+            runtime=service.runtime,
+        )
         self.service = service
         self.cache = cache
         self.feature_snapshot = feature_snapshot
         self.key_model_version = bool(key_model_version)
 
-    @property
-    def model_version(self) -> str:
-        """The wrapped service's model version (echoed in answers and ``/healthz``)."""
-        return self.service.model_version
-
     def key(self, customer_id: str) -> PredictionKey:
         """The cache key of one customer's score under the current model and snapshot."""
-        version = self.service.model_version if self.key_model_version else "any-model"
+        version = self.model_version if self.key_model_version else "any-model"
         return PredictionKey(version, customer_id, self.feature_snapshot)
 
     async def handle_async(
         self, body: bytes, *, forward: AsyncForward | None = None, request_id: str = ""
     ) -> ServiceResponse:
-        """Score one raw request body through the cache.
+        """Score one raw request body through the cache (overrides ``ChurnService.handle_async``).
 
-        Parameters
-        ----------
-        forward : async callable, optional
-            Replaces the model call on a miss (e.g. a batcher's submit), as in ``ChurnService``.
+        On a miss the model is ``forward`` when given (an async callable such as a batcher's
+        submit), else the wrapped service's own forward stage.
 
         Returns
         -------
@@ -157,16 +160,6 @@ class CachedChurnService:
             return ServiceResponse(err.status_code, err.body(), profile)
         return ServiceResponse(200, out, profile)
 
-    def handle(self, body: bytes, *, request_id: str = "") -> ServiceResponse:
-        """``handle_async`` without an event loop (the model is called directly)."""
-        coro = self.handle_async(body, request_id=request_id)
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value
-        coro.close()
-        raise RuntimeError("handle_async suspended; call it from an event loop")
-
     def score(self, customer_id: str) -> dict[str, Any]:
         """Score one customer in process; the decoded answer (with ``"cache"``).
 
@@ -175,17 +168,10 @@ class CachedChurnService:
         RequestError
             If the answer is not 200 (unknown customer, bad id).
         """
-        result = self.handle(json.dumps({"customer_id": customer_id}).encode(), request_id=customer_id)
-        if result.status_code != 200:
-            raise RequestError(result.status_code, "request_failed", result.body.decode(errors="replace"))
-        return result.json()
-
-    def timed_score(self, customer_id: str) -> RequestProfile:
-        """Score one customer in process and return its stage profile (for ``profile_requests``)."""
-        result = self.handle(json.dumps({"customer_id": customer_id}).encode(), request_id=customer_id)
-        if result.status_code != 200:
-            raise RequestError(result.status_code, "request_failed", result.body.decode(errors="replace"))
-        return result.profile
+        answer = self.handle(json.dumps({"customer_id": customer_id}).encode(), request_id=customer_id)
+        if answer.status_code == 200:
+            return answer.json()
+        raise RequestError(answer.status_code, "request_failed", answer.body.decode(errors="replace"))
 
 
 def hit_miss_summary(budget: LatencyBudget, qs: Sequence[float] = (50, 99)) -> pd.DataFrame:
