@@ -240,6 +240,12 @@ def redis_server(
         reason and the end of its log).
     ValueError
         For a non-positive time limit or memory limit.
+
+    Notes
+    -----
+    Linux delivers ``PR_SET_PDEATHSIG`` when the *thread* that started the server exits, so start it
+    from a long-lived thread (the main thread of a notebook kernel or a test run), not from a worker
+    thread that ends before the ``with`` block does.
     """
     for name, value in (("max_lifetime_s", max_lifetime_s), ("startup_timeout_s", startup_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
