@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from cachetools import TTLCache
 
 from course_lib.data import FEATURE_COLUMNS
@@ -64,27 +65,52 @@ def _check_part(name: str, value: object) -> str:
     return value
 
 
+def _canonical_value(name: str, value: object) -> object:
+    """One feature value in canonical form: equal numbers alike, every kind of missing as None."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, (str, np.str_)):
+        return str(value)
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isnan(number):
+            return None
+        if math.isinf(number):
+            return "inf" if number > 0 else "-inf"
+        return int(number) if number.is_integer() else number
+    raise TypeError(
+        f"feature {name!r} must be a str, a number or missing (None, NaN, pd.NA), "
+        f"got {type(value).__name__}: {value!r}"
+    )
+
+
 def features_digest(record: Mapping[str, Any]) -> str:
     """A stable digest of one customer's 19 feature values (sha256 of canonical JSON, 24 hex digits).
 
     Stable across processes and machines (unlike Python's ``hash()``, which is salted per process
-    for strings), so replicas sharing a Redis cache agree on it. NaN is written as ``null``.
+    for strings), so replicas sharing a Redis cache agree on it. Values are normalised first, so
+    equal values give equal digests whatever their Python or NumPy type: integers, booleans and
+    integral floats become the same integer (``1``, ``True``, ``1.0`` and ``np.float32(1)`` alike),
+    other floats their exact ``float`` value (so ``np.float32(0.1)`` differs from ``0.1``: they
+    are different numbers), every missing value (``None``, NaN of any float type, ``pd.NA``,
+    ``pd.NaT``) becomes JSON ``null``, and infinities the strings ``"inf"`` / ``"-inf"``.
 
     Raises
     ------
     ValueError
         If a feature column is missing.
+    TypeError
+        If a value is not a str, a number or missing (the message names the feature).
     """
     try:
-        values = [record[name] for name in FEATURE_COLUMNS]
+        values = [(name, record[name]) for name in FEATURE_COLUMNS]
     except KeyError as exc:
         raise ValueError(
             f"record is missing feature {exc.args[0]!r}; it needs {list(FEATURE_COLUMNS)}"
         ) from None
-    canonical = [
-        None if isinstance(v, float) and math.isnan(v) else (v.item() if isinstance(v, np.generic) else v)
-        for v in values
-    ]
+    canonical = [_canonical_value(name, value) for name, value in values]
     return hashlib.sha256(json.dumps(canonical, separators=(",", ":")).encode()).hexdigest()[:24]
 
 

@@ -2,7 +2,11 @@
 
 ``redis_server()`` is a context manager: it finds a ``redis-server`` program, starts it on a free
 loopback port (or a unix socket in a private temporary folder) with persistence off (``--save ''``,
-no append-only file), waits until it answers ``PING``, and always stops it on exit. The server
+no append-only file), waits until it answers ``PING``, and always stops it on exit. A free port can
+be taken by another program between asking the OS for it and the server binding it; the server that
+answers is therefore accepted only if its ``INFO server`` ``process_id`` is the pid of the process
+started here (otherwise that process is stopped and another port is tried), so a lesson never
+talks to, or flushes, somebody else's Redis. The server
 cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and on Linux the kernel kills
 it if the Python process that started it dies (``PR_SET_PDEATHSIG``), so a crashed notebook kernel
 leaves no server behind.
@@ -48,12 +52,17 @@ __all__ = [
 ]
 
 _PR_SET_PDEATHSIG = 1
+_START_ATTEMPTS = 5  # ports tried before giving up when each one is taken by another program
 #: Where Debian/Ubuntu packages put the program (searched after PATH).
 SYSTEM_PATHS: tuple[str, ...] = ("/usr/bin/redis-server", "/usr/sbin/redis-server")
 
 
 class RedisUnavailableError(RuntimeError):
     """No Redis server could be started here; the message says why."""
+
+
+class _PortTakenError(RedisUnavailableError):
+    """The port was taken by another program before this server could bind it (retry elsewhere)."""
 
 
 def find_redis_server(redis_executable: str | None = None) -> str | None:
@@ -144,14 +153,19 @@ class RedisServer:
         """SIGTERM, then SIGKILL after ``timeout_s``; close the clients; remove the temporary folder."""
         for client in self._clients:
             client.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        _stop_process(self.process, timeout_s)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _stop_process(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; reaps the process."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _start(
@@ -181,17 +195,23 @@ def _start(
         while True:
             if proc.poll() is not None:
                 text = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
-                raise RedisUnavailableError(
-                    f"redis-server exited with code {proc.returncode}: {text.strip()}"
-                )
+                error = _PortTakenError if "in use" in text else RedisUnavailableError
+                raise error(f"redis-server exited with code {proc.returncode}: {text.strip()}")
             try:
-                if probe.ping():
-                    return proc, str(probe.info("server").get("redis_version", ""))
+                info = probe.info("server") if probe.ping() else None
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
-                pass
+                info = None
+            if info is not None:
+                if int(info.get("process_id", -1)) == proc.pid:
+                    return proc, str(info.get("redis_version", ""))
+                # somebody else's server answers on this address: never use it, stop ours
+                _stop_process(proc)
+                raise _PortTakenError(
+                    f"{unix or f'127.0.0.1:{port}'} is served by another redis-server "
+                    f"(pid {info.get('process_id')}), not by the one started here (pid {proc.pid})"
+                )
             if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
+                _stop_process(proc)
                 raise RedisUnavailableError(
                     f"redis-server did not answer PING within {startup_timeout_s:g} s"
                 )
@@ -237,7 +257,8 @@ def redis_server(
     ------
     RedisUnavailableError
         No ``redis-server`` program, or it exited or did not answer in time (the message holds the
-        reason and the end of its log).
+        reason and the end of its log), or every port tried was taken by another program (a server
+        that answers with another ``process_id`` is never used).
     ValueError
         For a non-positive time limit or memory limit.
 
@@ -264,7 +285,7 @@ def redis_server(
     if maxmemory_bytes is not None:
         extra += ["--maxmemory", str(maxmemory_bytes)]
     try:
-        for attempt in range(3):  # a free port can be taken between asking and binding: retry
+        for attempt in range(_START_ATTEMPTS):  # a free port can be taken before we bind it: retry
             if unix_socket:
                 sock = str(folder / "redis.sock")
                 args = ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", *extra]
@@ -274,9 +295,11 @@ def redis_server(
             try:
                 proc, version = _start(executable, folder, args, startup_timeout_s)
                 break
-            except RedisUnavailableError as err:
-                if unix_socket or "in use" not in str(err) or attempt == 2:
-                    raise
+            except _PortTakenError as err:
+                if unix_socket or attempt == _START_ATTEMPTS - 1:
+                    raise RedisUnavailableError(
+                        f"no free port after {_START_ATTEMPTS} attempts; last: {err}"
+                    ) from None
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

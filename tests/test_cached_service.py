@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from course_lib.cached_service import CACHED_STAGES, CachedChurnService, measure_dedup, store_snapshot
+from course_lib.cached_service import (
+    CACHED_STAGES,
+    CachedChurnService,
+    StoreSnapshot,
+    measure_dedup,
+    store_snapshot,
+)
 from course_lib.feature_store import FeatureStore, build_feature_store, make_lookup
 from course_lib.prediction_cache import InProcessPredictionCache, RedisPredictionCache
 from course_lib.redis_server import redis_server, redis_unavailable_reason
@@ -104,6 +112,64 @@ def test_a_new_feature_snapshot_is_a_miss(store, service):
     CachedChurnService(service, cache, feature_snapshot="features@1").score("SC-0000007")
     refreshed = CachedChurnService(service, cache, feature_snapshot="features@2")
     assert refreshed.score("SC-0000007")["cache"] == "miss"
+
+
+def _file_backed_service(tmp_path):
+    """A service whose features live in a dict, with a store file that a refresh rewrites."""
+    store_file = tmp_path / "features.sqlite"
+    store_file.write_text("refresh 1")
+    features = {"SC-0000001": {"tenure": 1}}
+    service = ChurnService(
+        features.get, lambda records: np.array([r["tenure"] / 100 for r in records]), model_version="m1"
+    )
+    return SimpleNamespace(path=store_file), features, service
+
+
+@pytest.mark.parametrize("how", ["rewrite in place", "replace the file"])
+def test_a_refreshed_store_file_is_seen_at_request_time(tmp_path, how):
+    fake_store, features, service = _file_backed_service(tmp_path)
+    cached = CachedChurnService(
+        service, InProcessPredictionCache(100, 3600.0), feature_snapshot=store_snapshot(fake_store)
+    )
+    assert cached.score("SC-0000001")["churn_probability"] == 0.01
+    assert cached.score("SC-0000001")["cache"] == "hit"
+    before = cached.feature_snapshot
+    features["SC-0000001"] = {"tenure": 60}  # the refresh: new features, new file contents
+    if how == "rewrite in place":
+        fake_store.path.write_text("refresh 2, longer")
+    else:
+        new_file = tmp_path / "features.sqlite.tmp"
+        new_file.write_text("refresh 2")
+        os.replace(new_file, fake_store.path)
+    assert cached.feature_snapshot != before
+    answer = cached.score("SC-0000001")
+    assert answer["cache"] == "miss" and answer["churn_probability"] == 0.6
+
+
+def test_snapshot_check_interval_bounds_how_long_the_old_version_is_used(tmp_path):
+    store_file = tmp_path / "features.sqlite"
+    store_file.write_text("refresh 1")
+    clock = [0.0]
+    snapshot = StoreSnapshot(store_file, check_interval_ms=100.0, timer=lambda: clock[0])
+    first = snapshot()
+    assert first.startswith("features.sqlite@") and str(snapshot) == first
+    store_file.write_text("refresh 2, longer")
+    clock[0] = 0.099
+    assert snapshot() == first  # inside the interval: not re-read yet
+    clock[0] = 0.100
+    assert snapshot() != first
+    with pytest.raises(ValueError, match="check_interval_ms"):
+        StoreSnapshot(store_file, check_interval_ms=-1)
+    with pytest.raises(FileNotFoundError):
+        StoreSnapshot(tmp_path / "missing.sqlite")
+
+
+def test_feature_snapshot_must_be_a_str_or_callable(tmp_path):
+    _, _, service = _file_backed_service(tmp_path)
+    with pytest.raises(TypeError, match="feature_snapshot"):
+        CachedChurnService(service, InProcessPredictionCache(10, 60.0), feature_snapshot=42)
+    with pytest.raises(ValueError, match="feature_snapshot"):
+        CachedChurnService(service, InProcessPredictionCache(10, 60.0), feature_snapshot=lambda: "a|b")
 
 
 def test_served_over_http_by_the_lesson2_app(store, service):

@@ -115,3 +115,28 @@ def test_bad_arguments_are_refused():
         pass
     with pytest.raises(ValueError, match="maxmemory_bytes"), redis_server(maxmemory_bytes=-1):
         pass
+
+
+@needs_redis
+def test_never_attaches_to_another_server_on_a_taken_port(monkeypatch):
+    """The port is taken by another Redis between asking for it and binding it: refuse, never share."""
+    import course_lib.redis_server as rs
+
+    os_free_port = rs._free_port
+    with redis_server(max_lifetime_s=60) as theirs:
+        theirs.client().set("theirs", "precious")
+        monkeypatch.setattr(rs, "_free_port", lambda: theirs.port)  # every port offered is taken
+        with (
+            pytest.raises(RedisUnavailableError, match="no free port after"),
+            redis_server(max_lifetime_s=60) as ours,
+        ):
+            ours.client().flushall()  # never reached: must not run against their server
+        assert theirs.running and theirs.client().get("theirs") == b"precious"
+
+        offered = [theirs.port]  # the first port is taken, the next one is free
+        monkeypatch.setattr(rs, "_free_port", lambda: offered.pop() if offered else os_free_port())
+        with redis_server(max_lifetime_s=60) as ours:
+            assert ours.port != theirs.port
+            assert int(ours.client().info("server")["process_id"]) == ours.process.pid
+            ours.client().flushall()
+        assert theirs.client().get("theirs") == b"precious"
