@@ -231,31 +231,29 @@ class HPA:
     def _change_in(self, now_s: float, period_s: int, sign: int) -> int:
         return sum(abs(d) for t, d in self._events if t > now_s - period_s and (d > 0) == (sign > 0))
 
+    def _period_start(self, now_s: float, current: int, period_s: int) -> int:
+        """Replicas at the start of the policy period: undo the scale events inside it."""
+        return current - self._change_in(now_s, period_s, +1) + self._change_in(now_s, period_s, -1)
+
     def _limit_rate(self, now_s: float, current: int, desired: int) -> int:
-        if desired > current:
-            rules = self.scale_up
-            if rules.select_policy == "Disabled":
-                return current
-            proposals = []
-            for p in rules.policies:
-                start = (
-                    current - self._change_in(now_s, p.period_s, +1) + self._change_in(now_s, p.period_s, -1)
-                )
+        if desired == current:
+            return min(max(desired, self.min_replicas), self.max_replicas)
+        up = desired > current
+        rules = self.scale_up if up else self.scale_down
+        if rules.select_policy == "Disabled":
+            return current
+        proposals = []
+        for p in rules.policies:
+            start = self._period_start(now_s, current, p.period_s)
+            if p.type == "Pods":
+                proposals.append(start + p.value if up else start - p.value)
+            else:  # rounded up when growing, down when shrinking, as the controller does
                 proposals.append(
-                    start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100))
+                    math.ceil(start * (1 + p.value / 100)) if up else int(start * (1 - p.value / 100))
                 )
+        # "Max" selects the policy allowing the largest change: the highest limit up, the lowest down.
+        if up:
             limit = max(proposals) if rules.select_policy == "Max" else min(proposals)
             return min(desired, max(limit, current), self.max_replicas)
-        if desired < current:
-            rules = self.scale_down
-            if rules.select_policy == "Disabled":
-                return current
-            proposals = []
-            for p in rules.policies:
-                start = (
-                    current - self._change_in(now_s, p.period_s, +1) + self._change_in(now_s, p.period_s, -1)
-                )
-                proposals.append(start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100)))
-            limit = min(proposals) if rules.select_policy == "Max" else max(proposals)
-            return max(desired, min(limit, current), self.min_replicas)
-        return min(max(desired, self.min_replicas), self.max_replicas)
+        limit = min(proposals) if rules.select_policy == "Max" else max(proposals)
+        return max(desired, min(limit, current), self.min_replicas)
