@@ -64,12 +64,13 @@ c.Execute.interrupt_on_timeout = True
 # answer cell before it and grades it like any other.
 c.OverwriteCells.add_missing_cells = True
 
-# Pre-grading screen (before OverwriteCells) and safe execution/grading (replacing Execute and
+# Pre-grading screen (before DeduplicateIds, which would silently empty all but one copy's metadata,
+# and OverwriteCells) and safe execution/grading (replacing Execute and
 # SaveAutoGrades). Instructor reports: reports/<assignment>/<student>.json.
 c.Autograde.sanitize_preprocessors = [
     ClearOutput,
-    DeduplicateIds,
     ScreenSubmission,
+    DeduplicateIds,
     OverwriteKernelspec,
     OverwriteCells,
     CheckCellMetadata,

@@ -142,8 +142,8 @@ class GuardedExecute(Execute):
         self._last_reply = kwargs["execute_reply"]
         super().on_cell_executed(**kwargs)
 
-    def _run(self, cell, index: int) -> bool:
-        """Execute one cell (outputs into ``cell``); True if it ran without error."""
+    def _run(self, cell, index: int) -> tuple[bool, bool]:
+        """Execute one cell (outputs into ``cell``): (ran without error, kernel had to be replaced)."""
         self._last_reply = None
         try:
             self.execute_cell(cell, index, store_history=True)
@@ -151,15 +151,15 @@ class GuardedExecute(Execute):
             if isinstance(error, DeadKernelError):
                 note = "the kernel died while running this cell (killed, out of memory or os._exit)"
             else:
-                note = f"no answer {self.timeout} s after the interrupt: the cell ignored it"
+                note = f"no answer {self.iopub_timeout} s after the interrupt: the cell ignored it"
             cell.setdefault("outputs", []).append(_error_output(type(error).__name__, note))
             self.nb.cells[index] = cell
             if self._restarts >= self.max_kernel_restarts:
                 raise RuntimeError(f"more than {self.max_kernel_restarts} kernel replacements") from error
             self._replace_kernel(note)
-            return False
+            return False, True
         ok = self._last_reply is not None and self._last_reply["content"]["status"] == "ok"
-        return ok and not any(out.output_type == "error" for out in cell.get("outputs", []))
+        return ok and not any(out.output_type == "error" for out in cell.get("outputs", [])), False
 
     def _run_part(self, cell, index: int, source: str) -> tuple[bool, list]:
         """Run ``source`` as if it were ``cell`` after the guard; (ran without error, outputs)."""
@@ -167,7 +167,7 @@ class GuardedExecute(Execute):
         if reply is None or reply["content"]["status"] != "ok":
             return False, [_error_output("GradingGuardError", "the kernel's state was tampered with")]
         part = NotebookNode({**cell, "source": source, "outputs": [], "metadata": cell.metadata})
-        ok = self._run(part, index)
+        ok, _ = self._run(part, index)
         self.nb.cells[index] = cell
         return ok, list(part.get("outputs", []))
 
@@ -176,7 +176,9 @@ class GuardedExecute(Execute):
         if cell.cell_type != "code" or not cell.source.strip():
             return cell, self.resources
         if not _is_test_cell(cell):
-            if self._run(cell, index):
+            _, replaced = self._run(cell, index)
+            timed_out = any(out.get("ename") == "CellTimeoutError" for out in cell.get("outputs", []))
+            if not (replaced or timed_out):  # replayed after a kernel replacement, errors and all
                 self._replay.append(index)
             return cell, self.resources
         visible, hidden = split_hidden_tests(cell.source)

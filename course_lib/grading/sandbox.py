@@ -30,6 +30,7 @@ bubblewrap: https://github.com/containers/bubblewrap (``bwrap(1)``). jupyter_cli
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -79,6 +80,7 @@ class SandboxCheck:
     reason: str
 
 
+@functools.lru_cache(maxsize=4)
 def _probe_bwrap(bwrap: str) -> str | None:
     """Run ``true`` in the sandbox configuration used for kernels; None if it works, else the error."""
     with tempfile.TemporaryDirectory(prefix="grading-probe-") as scratch:

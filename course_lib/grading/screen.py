@@ -1,6 +1,7 @@
 """Pre-grading screen: normalise grade-cell metadata a student's editing broke, flag kernel-level code.
 
-:class:`ScreenSubmission` runs in nbgrader's sanitize step, before ``OverwriteCells`` (which fails
+:class:`ScreenSubmission` runs in nbgrader's sanitize step, before ``DeduplicateIds`` (which empties
+the metadata of all copies but the last without a word) and ``OverwriteCells`` (which fails
 with ``KeyError: 'grade_id'`` on duplicated or stray grade metadata, jupyter/nbgrader#1083, and then
 the student is not graded at all). For each submitted notebook it
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Unicode
+from traitlets import List, Unicode
 
 from course_lib.grading.execute import RESULT_KEY, SCREEN_KEY
 
@@ -115,11 +116,13 @@ def _write_flag(node: ast.Call) -> str | None:
     return None
 
 
-def scan_source(source: str) -> list[str]:
+def scan_source(source: str, allowed_modules: tuple[str, ...] = ()) -> list[str]:
     """Reasons to review one cell's code, in order of appearance, without repeats.
 
     Cells that are not valid Python (IPython magics aside) are scanned as text for the same names.
+    ``allowed_modules`` are top-level module names an assignment needs (e.g. ``"socket"``): not flagged.
     """
+    modules = {name: why for name, why in FLAGGED_MODULES.items() if name not in allowed_modules}
     lines = [line if not line.lstrip().startswith(("%", "!")) else "" for line in source.split("\n")]
     try:
         tree = ast.parse("\n".join(lines))
@@ -127,7 +130,7 @@ def scan_source(source: str) -> list[str]:
         words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source))
         found = [why for name, why in FLAGGED_NAMES.items() if name in words]
         found += [why for (_, attr), why in FLAGGED_ATTRIBUTES.items() if attr in words]
-        found += [why for module, why in FLAGGED_MODULES.items() if module in words]
+        found += [why for module, why in modules.items() if module in words]
         return list(dict.fromkeys(found)) or ["is not valid Python: could not be screened"]
     found = []
     for node in ast.walk(tree):
@@ -142,8 +145,8 @@ def scan_source(source: str) -> list[str]:
             module = (node.module or "") if isinstance(node, ast.ImportFrom) else None
             names = [alias.name for alias in node.names] if module is None else [module]
             for name in names:
-                if name.split(".")[0] in FLAGGED_MODULES:
-                    found.append(FLAGGED_MODULES[name.split(".")[0]])
+                if name.split(".")[0] in modules:
+                    found.append(modules[name.split(".")[0]])
             for alias in node.names if module is not None else []:
                 why = FLAGGED_ATTRIBUTES.get((module, alias.name)) or FLAGGED_ATTRIBUTES.get(
                     (None, alias.name)
@@ -161,6 +164,9 @@ class ScreenSubmission(NbGraderPreprocessor):
     report_dir = Unicode("", help="folder for <assignment>/<student>.json reports (default ./reports)").tag(
         config=True
     )
+    allowed_modules = List(
+        Unicode(), default_value=[], help="modules an assignment needs, not flagged (e.g. ['socket'])"
+    ).tag(config=True)
 
     def _known_ids(self, resources) -> set[str]:
         info = resources["nbgrader"]
@@ -183,9 +189,13 @@ class ScreenSubmission(NbGraderPreprocessor):
             grade_id = meta.get("grade_id")
             if grade_id is None or grade_id not in known:
                 del cell.metadata["nbgrader"]
+                what = (
+                    "has no grade_id"
+                    if grade_id is None
+                    else f"{grade_id!r} is not a cell of this assignment"
+                )
                 events.append(
-                    f"cell {index + 1}: grade metadata {grade_id!r} is not a cell of this assignment; "
-                    "dropped (the cell still runs, ungraded)"
+                    f"cell {index + 1}: grade metadata {what}; dropped (the cell still runs, ungraded)"
                 )
             else:
                 copies[grade_id].append(index)
@@ -204,7 +214,8 @@ class ScreenSubmission(NbGraderPreprocessor):
         flags = []
         for index, cell in enumerate(nb.cells):
             if cell.cell_type == "code":
-                flags += [f"cell {index + 1}: {why}" for why in scan_source(cell.source)]
+                reasons = scan_source(cell.source, tuple(self.allowed_modules))
+                flags += [f"cell {index + 1}: {why}" for why in reasons]
         nb.metadata[SCREEN_KEY] = {"events": events, "flags": flags}
         info = resources["nbgrader"]
         path = Path(self.report_dir or "reports", info["assignment"], f"{info['student']}.json")
