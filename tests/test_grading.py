@@ -266,7 +266,9 @@ import json, os, socket, subprocess, sys
 found = {"cwd_files": sorted(os.listdir("."))}
 found["sees_gradebook"] = os.path.exists("../../../gradebook.db")
 found["sees_sibling"] = os.path.exists("../../bo")
-for name, path in (("course_lib", os.path.join(sys.path[0], "course_lib", "x.py")), ("venv", sys.prefix + "/x.py"), ("root", "/x")):
+found["sees_shadow"] = os.path.exists("/etc/shadow")
+import course_lib, pandas  # the course environment works inside
+for name, path in (("course_lib", os.path.join(os.path.dirname(course_lib.__file__), "x.py")), ("venv", sys.prefix + "/x.py"), ("root", "/x")):
     try:
         open(path, "w").close()
         found["wrote_" + name] = True
@@ -347,6 +349,7 @@ def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_conne
             "cwd_files": ["data.csv"],
             "sees_gradebook": False,
             "sees_sibling": False,
+            "sees_shadow": False,
             "wrote_course_lib": False,
             "wrote_venv": False,
             "wrote_root": False,

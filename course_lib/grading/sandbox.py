@@ -5,7 +5,7 @@ nbgrader executes submissions with nbclient, which starts kernels through a jupy
 a manager: it wraps the kernelspec's command line in ``bwrap`` (bubblewrap, the sandbox Flatpak uses;
 Debian package ``bubblewrap``) so that the kernel
 
-* sees only the system folders (``/usr``, ``/etc``...), the Python installation and virtual environment,
+* sees only the system folders (``/usr``, the parts of ``/etc`` Python needs...), the Python installation and virtual environment,
   ``course_lib`` and ``data/`` of this checkout, all **read-only**, and the notebook's folder, which is a
   **private scratch copy** (the non-notebook files nbgrader put there; never the notebook itself, whose
   hidden tests are restored before grading). Course root, ``source/``, other submissions, the gradebook
@@ -55,6 +55,24 @@ SANDBOXES = ("auto", "bwrap", "none")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 MIB = 1024**2
+#: The parts of /etc a Python kernel uses (the dynamic loader, time zone, fonts, certificates, user names);
+#: the rest of /etc (password hashes, host keys, credentials) stays out of the sandbox.
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/fonts",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/alternatives",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/mime.types",
+)
 #: Environment variables passed into the sandbox (everything else, tokens included, is dropped).
 PASSED_ENV = ("LANG", "LC_ALL", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TZ")
 # Applied inside the sandbox, then the kernel command is exec'd: argv = [mem, cpu, fsize, *cmd].
@@ -198,7 +216,7 @@ def bwrap_command(
         Path(sys.exec_prefix),
         Path(sys.executable).parent,
     ]
-    system = [Path(p) for p in ("/usr", "/etc", "/opt")]
+    system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     args += ["--clearenv"]
     for key in PASSED_ENV:
@@ -227,9 +245,9 @@ def bwrap_command(
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    args += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp"]  # first: binds below may lie under /tmp
     args += _ro_binds(system + python_dirs + [REPO_ROOT / "course_lib", REPO_ROOT / "data"])
     args += ["--dev", "/dev", "--proc", "/proc"]
-    args += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp"]
     args += ["--bind", work_dir, cwd, "--bind", ipc_dir, ipc_dir]
     args += ["--remount-ro", "/", "--chdir", cwd, "--"]
     limits = [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes)]
