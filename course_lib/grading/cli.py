@@ -2,7 +2,7 @@
 
 Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``exercises/``):
 
-``autograde PS [--student ID] [--unsafe]``
+``autograde PS [--student ID] [--force] [--unsafe]``
     Checks that the kernel sandbox works (bubblewrap), refuses with the reason if not (unless
     ``--unsafe``), runs ``nbgrader autograde PS``, then prints the screen report and the scores.
 ``report PS``
@@ -76,6 +76,8 @@ def _autograde(args) -> int:
     nbgrader_args = ["autograde", args.assignment]
     if args.student:
         nbgrader_args.append(f"--student={args.student}")
+    if args.force:
+        nbgrader_args.append("--force")
     if args.unsafe:
         nbgrader_args.append("--SandboxedKernelManager.sandbox=none")
     done = run_nbgrader(*nbgrader_args, course_root=args.course_root, timeout_s=args.timeout_s)
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     grade = commands.add_parser("autograde", help="sandboxed nbgrader autograde + screen report + scores")
     grade.add_argument("assignment")
     grade.add_argument("--student", default=None, help="grade only this student")
+    grade.add_argument("--force", action="store_true", help="grade again submissions already graded")
     grade.add_argument(
         "--unsafe", action="store_true", help="grade without a sandbox (student code gets your rights)"
     )
