@@ -78,7 +78,9 @@ class GuardedExecute(Execute):
     max_kernel_restarts = Integer(5, help="kernel replacements per notebook before the rest fails").tag(
         config=True
     )
-    guard_timeout_s = Integer(10, help="seconds the guard or a replayed cell may take").tag(config=True)
+    guard_timeout_s = Integer(30, help="seconds the guard may take (it imports numpy at kernel start)").tag(
+        config=True
+    )
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
@@ -164,6 +166,8 @@ class GuardedExecute(Execute):
     def _run_part(self, cell, index: int, source: str) -> tuple[bool, list]:
         """Run ``source`` as if it were ``cell`` after the guard; (ran without error, outputs)."""
         reply = self._silent(guard.restore_code(), self.guard_timeout_s)
+        if reply is None:  # a hook that hangs the kernel before any code runs
+            self._replace_kernel("the guard got no answer")
         if reply is None or reply["content"]["status"] != "ok":
             return False, [_error_output("GradingGuardError", "the kernel's state was tampered with")]
         part = NotebookNode({**cell, "source": source, "outputs": [], "metadata": cell.metadata})
