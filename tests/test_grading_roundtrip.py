@@ -38,6 +38,9 @@ PROBLEM_SETS = ("ps1", "ps2", "ps3")
 HIDDEN = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 SOLUTION = ("### BEGIN SOLUTION", "### END SOLUTION")
 FAILED_STUDENT = "corrupt-json"
+# Grading the whole fixture class takes several minutes on 2 cores (more on a busy machine), all of it in
+# the module's fixture, which counts against the first test that uses it.
+pytestmark = pytest.mark.timeout(2400)
 DAEMON_MARKER = b"GRADEBOOK-DAEMON-FIXTURE"
 #: Submissions the screen must hold for review (0 recorded, needs manual grade), with the scores the
 #: autograder would have given them; every other submission must have no flag.
