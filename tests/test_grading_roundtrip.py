@@ -42,6 +42,7 @@ FAILED_STUDENT = "corrupt-json"
 # the module's fixture, which counts against the first test that uses it.
 pytestmark = pytest.mark.timeout(2400)
 DAEMON_MARKER = b"GRADEBOOK-DAEMON-FIXTURE"
+CLI_PS = "ps3"  # graded with `python -m course_lib.grading autograde`, the others with `nbgrader autograde`
 #: Submissions the screen must hold for review (0 recorded, needs manual grade), with the scores the
 #: autograder would have given them; every other submission must have no flag.
 FLAGGED = {
@@ -167,16 +168,18 @@ def graded(generated) -> dict:
     assert check.mechanism is not None, f"the grading sandbox must work for this test: {check.reason}"
     shutil.copytree(FIXTURES / "submitted", generated / "submitted")
     before = _protected(generated)
-    # The instructor's command for the last problem set (it checks the sandbox, then runs nbgrader with the
+    # The instructor's command for one problem set (it checks the sandbox, then runs nbgrader with the
     # same configuration), nbgrader itself for the others.
-    autograde = {ps: run_nbgrader("autograde", ps, course_root=generated) for ps in PROBLEM_SETS[:-1]}
-    autograde[PROBLEM_SETS[-1]] = subprocess.run(
+    autograde = {
+        ps: run_nbgrader("autograde", ps, course_root=generated) for ps in PROBLEM_SETS if ps != CLI_PS
+    }
+    autograde[CLI_PS] = subprocess.run(
         [
             sys.executable,
             "-m",
             "course_lib.grading",
             "autograde",
-            PROBLEM_SETS[-1],
+            CLI_PS,
             "--course-root",
             str(generated),
         ],
@@ -481,7 +484,7 @@ def test_duplicated_split_and_stray_grade_cells_are_normalised_reported_and_grad
 
 
 def test_the_autograde_command_prints_the_screen_report_and_the_scores(graded):
-    out = graded["autograde"][PROBLEM_SETS[-1]].stdout
+    out = graded["autograde"][CLI_PS].stdout
     assert "Screen report for ps3" in out and "bonus-metadata" in out and "'bonus' is not a cell" in out
     assert re.search(r"^full-marks\s+2\.0\s+3\.0\s+3\.0\s+3\.0\s+11\.0$", out, re.M), out
 
