@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -160,3 +162,226 @@ def test_command_line_prints_a_score_table_per_assignment_with_submissions(cours
     assert "q10 (1)" in out and "total (6)" in out
     amy = next(line for line in out.splitlines() if line.startswith("amy"))
     assert amy.split() == ["amy", "3.0", "0.0", "1.0", "4.0"]
+
+
+# --- safe grading: sandbox, guard, screen, hidden-test split (one real kernel, a few seconds) ---------
+
+
+def test_split_hidden_tests_separates_visible_and_hidden_checks():
+    from course_lib.grading.execute import split_hidden_tests
+
+    source = "a = 1\nassert a\n### BEGIN HIDDEN TESTS\nassert a == 1\n### END HIDDEN TESTS\nprint(a)"
+    assert split_hidden_tests(source) == ("a = 1\nassert a", "assert a == 1\nprint(a)")
+    assert split_hidden_tests("assert True") == ("assert True", "")
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("get_ipython().events.register('pre_run_cell', print)", "get_ipython"),
+        ("ip.ast_transformers.append(x)", "AST transformer"),
+        ("import sys\nsys.settrace(f)", "settrace"),
+        ("import inspect\nline = inspect.stack()[1]", "inspect.stack"),
+        ("from inspect import currentframe", "currentframe"),
+        ("import subprocess", "subprocess"),
+        ("import sqlite3", "sqlite3"),
+        ("import site", "site"),
+        ("import os\nos._exit(0)", "os._exit"),
+        ("open('../../gradebook.db', 'w')", "outside its folder"),
+        ("open(path, 'a')", "computed path"),
+        ("%time x = 1\nget_ipython()", "get_ipython"),
+        ("def broken(:\n    get_ipython", "get_ipython"),
+    ],
+)
+def test_screen_flags_kernel_level_code(source, reason):
+    from course_lib.grading.screen import scan_source
+
+    found = scan_source(source)
+    assert any(reason in why for why in found), found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import math\nimport numpy as np\nfrom fractions import Fraction\nx = math.isclose(1, 1)",
+        "open('results.csv', 'w').write('x')\nprint(open('../data.csv').read())",
+        "import warnings, logging\nwarnings.warn('slow')\nlogging.warning('x')",
+        "# subprocess and get_ipython in a comment are fine\ns = 'sqlite3'",
+    ],
+)
+def test_screen_leaves_ordinary_code_alone(source):
+    from course_lib.grading.screen import scan_source
+
+    assert scan_source(source) == []
+
+
+def test_without_bwrap_the_sandbox_is_unavailable_and_autograde_refuses(monkeypatch, capsys, tmp_path):
+    from course_lib.grading import cli, sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    check = sandbox.find_sandbox()
+    assert check.mechanism is None and "bubblewrap (`bwrap`) is not installed" in check.reason
+    monkeypatch.setattr(cli, "find_sandbox", sandbox.find_sandbox)
+    with pytest.raises(SystemExit) as stopped:
+        main(["autograde", "ps1", "--course-root", str(tmp_path)])
+    assert stopped.value.code == cli.EXIT_NO_SANDBOX
+    err = capsys.readouterr().err
+    assert "Refusing to autograde ps1: bubblewrap" in err and "--unsafe" in err
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        sandbox.find_sandbox("docker")
+
+
+def test_bwrap_command_hides_the_course_and_limits_the_kernel(tmp_path):
+    from course_lib.grading.sandbox import bwrap_command
+
+    cmd = bwrap_command(
+        ["python", "-m", "ipykernel_launcher"],
+        bwrap="/usr/bin/bwrap",
+        cwd="/course/autograded/amy/ps1",
+        work_dir=str(tmp_path),
+        ipc_dir=str(tmp_path),
+        env={"SECRET_TOKEN": "x", "LANG": "C.UTF-8"},
+        memory_limit_bytes=123,
+        cpu_limit_s=7,
+    )
+    assert cmd[:6] == [
+        "/usr/bin/bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+    ]
+    assert "--share-net" not in cmd and "--clearenv" in cmd and "SECRET_TOKEN" not in cmd
+    assert ["--bind", str(tmp_path), "/course/autograded/amy/ps1"] == cmd[
+        cmd.index("--bind") : cmd.index("--bind") + 3
+    ]
+    binds = [cmd[i + 2] for i, arg in enumerate(cmd) if arg == "--bind"]
+    assert "/course" not in binds and all(not b.startswith("/course/") or b.endswith("ps1") for b in binds)
+    assert cmd[-6:] == ["123", "7", str(256 * 1024**2), "python", "-m", "ipykernel_launcher"]
+
+
+KERNEL_PROBE = r"""
+import json, os, socket, subprocess, sys
+found = {"cwd_files": sorted(os.listdir("."))}
+found["sees_gradebook"] = os.path.exists("../../../gradebook.db")
+found["sees_sibling"] = os.path.exists("../../bo")
+found["sees_shadow"] = os.path.exists("/etc/shadow")
+import course_lib, pandas  # the course environment works inside
+for name, path in (("course_lib", os.path.join(os.path.dirname(course_lib.__file__), "x.py")), ("venv", sys.prefix + "/x.py"), ("root", "/x")):
+    try:
+        open(path, "w").close()
+        found["wrote_" + name] = True
+    except OSError:
+        found["wrote_" + name] = False
+open("scratch.txt", "w").write("mine")
+try:
+    socket.create_connection(("1.1.1.1", 80), timeout=2)
+    found["network"] = True
+except OSError:
+    found["network"] = False
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # DETACHED-PROBE"], start_new_session=True)
+print(json.dumps(found))
+"""
+
+
+async def _execute(kc, code: str) -> tuple[str, list[str]]:
+    """Run code on an async kernel client; (status, stdout and error names)."""
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append(msg["content"]["ename"])
+
+    reply = await kc.execute_interactive(code, timeout=60, output_hook=hook)
+    return reply["content"]["status"], out
+
+
+def _in_sandboxed_kernel(tmp_path, scenario):
+    """Run ``scenario(kc, folder)`` against a sandboxed kernel whose notebook folder is
+    tmp/course/autograded/amy/ps1 (a data file and the notebook, which must not be copied in)."""
+    from course_lib.grading.sandbox import SandboxedKernelManager, find_sandbox
+
+    check = find_sandbox()
+    assert check.mechanism is not None, f"these tests need a working bubblewrap: {check.reason}"
+    folder = tmp_path / "course" / "autograded" / "amy" / "ps1"
+    folder.mkdir(parents=True)
+    (folder / "data.csv").write_text("x\n1\n")
+    (folder / "ps1.ipynb").write_text("{}")
+    (tmp_path / "course" / "gradebook.db").write_text("grades")
+    (tmp_path / "course" / "autograded" / "bo").mkdir()
+
+    async def run():
+        km = SandboxedKernelManager(kernel_name="python3")
+        await km.start_kernel(cwd=str(folder))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            await scenario(kc, folder)
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(run())
+
+
+def _processes_with_marker(marker: bytes) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_connect_out(tmp_path):
+    from course_lib.waiting import wait_until
+
+    async def scenario(kc, folder):
+        status, out = await _execute(kc, KERNEL_PROBE)
+        assert status == "ok", out
+        assert json.loads(out[-1]) == {
+            "cwd_files": ["data.csv"],
+            "sees_gradebook": False,
+            "sees_sibling": False,
+            "sees_shadow": False,
+            "wrote_course_lib": False,
+            "wrote_venv": False,
+            "wrote_root": False,
+            "network": False,
+        }
+        assert not (folder / "scratch.txt").exists(), "writes stay in the private scratch copy"
+        assert _processes_with_marker(b"DETACHED-PROBE"), "the detached child runs while its kernel does"
+
+    _in_sandboxed_kernel(tmp_path, scenario)
+    wait_until(lambda: not _processes_with_marker(b"DETACHED-PROBE"), timeout_s=30, what="the child to die")
+
+
+def test_the_guard_undoes_hooks_and_patches_before_a_test_cell(tmp_path):
+    from course_lib.grading import guard
+
+    cheat = (
+        "import math, sys, numpy as np\n"
+        "ip = get_ipython()\n"
+        "ip.events.register('pre_run_cell', lambda info: print('HOOK'))\n"
+        "ip.ast_transformers.append(__import__('ast').NodeTransformer())\n"
+        "math.isclose = np.allclose = lambda *a, **k: True\n"
+        "ip.showtraceback = lambda *a, **k: None\n"
+        "sys.settrace(lambda *a: None)\n"
+    )
+
+    async def scenario(kc, folder):
+        assert (await _execute(kc, guard.install_code()))[0] == "ok"
+        assert (await _execute(kc, cheat))[0] == "ok"
+        assert (await _execute(kc, guard.restore_code()))[0] == "ok"
+        status, out = await _execute(kc, "assert not math.isclose(1, 2) and not np.allclose(1, 2)\n1 / 0")
+        assert status == "error" and out == ["ZeroDivisionError"], out
+        check = "assert not get_ipython().ast_transformers and sys.gettrace() is None"
+        assert (await _execute(kc, check))[0] == "ok"
+
+    _in_sandboxed_kernel(tmp_path, scenario)

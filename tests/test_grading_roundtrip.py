@@ -1,17 +1,27 @@
 """The nbgrader round-trip CI relies on before a class depends on the exercises.
 
 A fresh copy of ``exercises/`` (no gradebook) goes through what an instructor does: generate the student
-versions, collect the fixture class (``tests/fixtures/grading``), autograde, write feedback, export
-grades. Slow steps run once per module; each test then checks one promise. ``nbgrader validate`` always
+versions, collect the fixture class (``tests/fixtures/grading``), autograde (sandboxed, screened, graded
+from errors only), write feedback, export grades. Slow steps run once per module; each test then checks
+one promise. The class includes honest mistakes and cheats (``make_fixtures.py`` lists them); the
+expected per-question scores of every student are the table ``expected_question_scores.csv`` (add a
+problem set by adding its fixtures and rows). Before and after grading the test hashes the gradebook,
+``source/``, ``course_lib`` and the virtual environment's site-packages. ``nbgrader validate`` always
 exits 0, so the notebooks' own tests are checked through nbgrader's ``Validator`` API instead.
 """
 
 from __future__ import annotations
 
+import hashlib
+import html
 import importlib.util
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import nbformat
@@ -19,6 +29,7 @@ import pandas as pd
 import pytest
 
 from course_lib.grading import export_grades_csv, question_scores, run_nbgrader
+from course_lib.grading.sandbox import find_sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 EXERCISES = REPO / "exercises"
@@ -27,6 +38,28 @@ PROBLEM_SETS = ("ps1", "ps2", "ps3")
 HIDDEN = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 SOLUTION = ("### BEGIN SOLUTION", "### END SOLUTION")
 FAILED_STUDENT = "corrupt-json"
+# Grading the whole fixture class takes several minutes on 2 cores (more on a busy machine), all of it in
+# the module's fixture, which counts against the first test that uses it.
+pytestmark = pytest.mark.timeout(2400)
+DAEMON_MARKER = b"GRADEBOOK-DAEMON-FIXTURE"
+CLI_PS = "ps3"  # graded with `python -m course_lib.grading autograde`, the others with `nbgrader autograde`
+#: Submissions the screen must hold for review (0 recorded, needs manual grade), with the scores the
+#: autograder would have given them; every other submission must have no flag.
+FLAGGED = {
+    ("displayhook-hook", "ps1"): {"q1": 3.0, "q2": 0.0, "q3": 0.0, "q4": 0.0},
+    ("displayhook-hook", "ps2"): {"q1": 0.0, "q2": 0.0, "q3": 0.0, "q4": 0.0},
+    ("ast-transformer", "ps1"): {"q1": 0.0, "q2": 0.0, "q3": 0.0, "q4": 0.0},
+    ("inspect-oracle", "ps1"): {"q1": 3.0, "q2": 3.0, "q3": 0.0, "q4": 0.0},
+    ("gradebook-daemon", "ps1"): {"q1": 3.0, "q2": 3.0, "q3": 2.0, "q4": 2.0},
+    ("sitecustomize", "ps2"): {"q1": 3.0, "q2": 2.0, "q3": 2.0, "q4": 3.0},
+    ("course-lib-tamper", "ps1"): {"q1": 3.0, "q2": 3.0, "q3": 2.0, "q4": 2.0},
+}
+#: Submissions whose grade metadata the screen normalises: a phrase its report must contain.
+NORMALISED = {
+    ("dup-answer", "ps1"): "duplicated or split",
+    ("split-cell", "ps2"): "duplicated or split",
+    ("bonus-metadata", "ps3"): "is not a cell of this assignment",
+}
 
 
 def _nbgrader_cells(nb, **flags) -> list:
@@ -70,6 +103,8 @@ def course(tmp_path_factory) -> Path:
             "submitted",
             "autograded",
             "feedback",
+            "feedback_full",
+            "reports",
             "*.csv",
             ".ipynb_checkpoints",
             "__pycache__",
@@ -88,14 +123,87 @@ def generated(course) -> Path:
     return course
 
 
+def _digest_files(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (bytecode caches aside: any Python run may write them)."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def _digest_stats(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every file under ``root``: cheap enough for a whole site-packages."""
+    return {
+        str(path.relative_to(root)): (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def _protected(root: Path) -> dict:
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    return {
+        "source": _digest_files(root / "source"),
+        "course_lib": _digest_files(REPO / "course_lib"),
+        "site-packages": _digest_stats(site_packages),
+    }
+
+
+def _processes_with(marker: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.fixture(scope="module")
 def graded(generated) -> dict:
     """Collect the fixture class, autograde each problem set once, write feedback and grades.csv."""
+    check = find_sandbox()
+    assert check.mechanism is not None, f"the grading sandbox must work for this test: {check.reason}"
     shutil.copytree(FIXTURES / "submitted", generated / "submitted")
-    autograde = {ps: run_nbgrader("autograde", ps, course_root=generated) for ps in PROBLEM_SETS}
+    before = _protected(generated)
+    # The instructor's command for one problem set (it checks the sandbox, then runs nbgrader with the
+    # same configuration), nbgrader itself for the others.
+    autograde = {
+        ps: run_nbgrader("autograde", ps, course_root=generated) for ps in PROBLEM_SETS if ps != CLI_PS
+    }
+    autograde[CLI_PS] = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_lib.grading",
+            "autograde",
+            CLI_PS,
+            "--course-root",
+            str(generated),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=1800,
+    )
+    gradebook_after_autograde = hashlib.sha256((generated / "gradebook.db").read_bytes()).hexdigest()
+    survivors = _processes_with(DAEMON_MARKER)
     feedback = {ps: run_nbgrader("generate_feedback", ps, course_root=generated) for ps in PROBLEM_SETS}
     export = export_grades_csv(generated / "grades.csv", course_root=generated)
-    return {"root": generated, "autograde": autograde, "feedback": feedback, "export": export}
+    return {
+        "root": generated,
+        "autograde": autograde,
+        "feedback": feedback,
+        "export": export,
+        "before": before,
+        "after": _protected(generated),
+        "gradebook_after_autograde": gradebook_after_autograde,
+        "gradebook_at_end": hashlib.sha256((generated / "gradebook.db").read_bytes()).hexdigest(),
+        "survivors": survivors,
+    }
 
 
 def _submissions(ps: str) -> list[str]:
@@ -314,3 +422,176 @@ def test_hard_coded_answers_pass_the_visible_checks_but_not_the_hidden_ones(grad
     scores = question_scores(graded["root"], ps).set_index(["student_id", "question"])["score"]
     hard_coded = {"ps1": ("q3", "q4"), "ps2": ("q1", "q2", "q3", "q4"), "ps3": ("q1", "q2", "q3", "q4")}[ps]
     assert all(scores["hard-coded", q] == 0.0 for q in hard_coded)
+
+
+# --- grading a real class safely -------------------------------------------------------------------------
+
+
+def test_student_code_changed_no_protected_file(graded):
+    for name in ("source", "course_lib", "site-packages"):
+        changed = {
+            path
+            for path in graded["before"][name].keys() | graded["after"][name].keys()
+            if graded["before"][name].get(path) != graded["after"][name].get(path)
+        }
+        assert not changed, f"{name} changed while grading: {sorted(changed)[:10]}"
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    assert not (site_packages / "sitecustomize.py").exists()
+
+
+def test_no_student_process_outlives_its_kernel_and_the_gradebook_is_left_alone(graded):
+    assert graded["survivors"] == [], "a detached process started by a submission is still running"
+    assert graded["gradebook_at_end"] == graded["gradebook_after_autograde"], (
+        "the gradebook changed after autograde finished"
+    )
+    assert question_scores(graded["root"])["score"].max() <= 3.0, "no grade above a question's points"
+
+
+def _report(root: Path, ps: str, student: str) -> dict:
+    path = root / "reports" / ps / f"{student}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def test_the_screen_holds_exactly_the_cheats_for_review_with_the_scores_they_would_have_had(graded):
+    table = question_scores(graded["root"]).set_index(["student_id", "assignment"])
+    for ps in PROBLEM_SETS:
+        for student in _submissions(ps):
+            if student == FAILED_STUDENT:
+                continue
+            report = _report(graded["root"], ps, student)
+            flags = report["notebooks"][ps]["flags"]
+            rows = table.loc[(student, ps)]
+            if (student, ps) in FLAGGED:
+                assert flags, f"{student}/{ps} should be flagged"
+                assert (rows["score"] == 0).all() and rows["needs_manual_grade"].all(), (student, ps)
+                assert report["withheld_scores"][ps] == FLAGGED[(student, ps)], (student, ps)
+            else:
+                assert flags == [], f"{student}/{ps} flagged by mistake: {flags}"
+                assert not rows["needs_manual_grade"].any(), (student, ps)
+
+
+def test_duplicated_split_and_stray_grade_cells_are_normalised_reported_and_graded(graded):
+    for (student, ps), phrase in NORMALISED.items():
+        events = _report(graded["root"], ps, student)["notebooks"][ps]["events"]
+        assert any(phrase in event for event in events), events
+        assert (graded["root"] / "autograded" / student / ps / f"{ps}.ipynb").exists()
+    scores = (
+        question_scores(graded["root"]).groupby(["student_id", "assignment"])[["score", "max_score"]].sum()
+    )
+    for student, ps in NORMALISED:
+        assert scores.loc[(student, ps), "score"] == scores.loc[(student, ps), "max_score"], (student, ps)
+    assert "bonus" not in set(question_scores(graded["root"], "ps3")["question"])
+
+
+def test_the_autograde_command_prints_the_screen_report_and_the_scores(graded):
+    out = graded["autograde"][CLI_PS].stdout
+    assert "Screen report for ps3" in out and "bonus-metadata" in out and "'bonus' is not a cell" in out
+    assert re.search(r"^full-marks\s+2\.0\s+3\.0\s+3\.0\s+3\.0\s+11\.0$", out, re.M), out
+
+
+def test_screen_report_command_lists_normalisations_flags_and_withheld_scores(graded):
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib.grading", "report", "ps1", "--course-root", str(graded["root"])],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    blocks = {block.split("\n")[0]: block for block in done.stdout.split("\n") if block}
+    assert "gradebook-daemon" in done.stdout and "FLAGGED: cell" in done.stdout
+    assert "starts processes (subprocess)" in done.stdout
+    assert "held at 0 pending review; the autograder's scores were: q1 3, q2 3, q3 2, q4 2" in done.stdout
+    assert "normalised: 'q2_answer' appears in 2 cells" in done.stdout
+    assert blocks, done.stdout
+
+
+def _cell_outputs_text(nb, grade_id: str) -> str:
+    return "\n".join(
+        f"{out.get('ename', '')}: {out.get('evalue', '')}{out.get('text', '')}"
+        for out in _cell(nb, grade_id).outputs
+    )
+
+
+def test_a_cell_that_ignores_the_interrupt_or_kills_its_kernel_costs_only_its_questions(graded):
+    hung = _read(graded["root"] / "autograded" / "ignore-interrupt" / "ps3" / "ps3.ipynb")
+    assert "ignored it" in _cell_outputs_text(hung, "q4_answer")
+    killed = _read(graded["root"] / "autograded" / "kill-kernel" / "ps1" / "ps1.ipynb")
+    assert "DeadKernelError: the kernel died" in _cell_outputs_text(killed, "q2")
+    scores = question_scores(graded["root"]).set_index(["student_id", "assignment", "question"])["score"]
+    assert [scores["ignore-interrupt", "ps3", q] for q in ("q1", "q2", "q3", "q4")] == [2.0, 3.0, 3.0, 0.0]
+    assert [scores["kill-kernel", "ps1", q] for q in ("q1", "q2", "q3", "q4")] == [3.0, 0.0, 2.0, 2.0]
+
+
+def test_warnings_and_log_messages_do_not_cost_points(graded):
+    for student, ps, grade_id in (("warning", "ps3", "q4"), ("logging", "ps2", "q4")):
+        nb = _read(graded["root"] / "autograded" / student / ps / f"{ps}.ipynb")
+        streams = [out for out in _cell(nb, grade_id).outputs if out.output_type == "stream"]
+        assert any(out.name == "stderr" for out in streams), "the submission really wrote to stderr"
+        table = question_scores(graded["root"], ps).set_index("student_id").loc[student]
+        assert table["score"].sum() == table["max_score"].sum(), (student, ps)
+
+
+def _secret_lines(ps: str) -> set[str]:
+    """Hidden-test lines of ``ps`` that appear nowhere a student can see (at least 12 characters)."""
+    inside, outside = set(), set()
+    for cell in _read(EXERCISES / "source" / ps / f"{ps}.ipynb").cells:
+        cell_inside, cell_outside = _lines_inside(cell.source, *HIDDEN)
+        inside |= cell_inside
+        outside |= cell_outside
+    release = {
+        line.strip()
+        for c in _read(EXERCISES / "release" / ps / f"{ps}.ipynb").cells
+        for line in c.source.split("\n")
+    }
+    return {line for line in inside - outside - release if len(line) >= 12}
+
+
+def _assignment_lines(ps: str) -> set[str]:
+    """Distinctive lines of the instructor's ``ps`` notebook (at least 30 characters)."""
+    return {
+        line.strip()
+        for cell in _read(EXERCISES / "source" / ps / f"{ps}.ipynb").cells
+        for line in cell.source.split("\n")
+        if len(line.strip()) >= 30
+    }
+
+
+def _html_text(path: Path) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text(encoding="utf-8")))
+
+
+def test_no_feedback_holds_a_hidden_test_line_or_another_assignments_content(graded):
+    scanned = 0
+    for ps in PROBLEM_SETS:
+        own_text = "\n".join(
+            cell.source
+            for kind in ("source", "release")
+            for cell in _read(EXERCISES / kind / ps / f"{ps}.ipynb").cells
+            if not any(marker in cell.source for marker in HIDDEN)
+        )
+        secret = {line for line in _secret_lines(ps) if line not in own_text}
+        others = set().union(*(_assignment_lines(o) for o in PROBLEM_SETS if o != ps))
+        others = {line for line in others if line not in own_text}  # not even part of a line of ps
+        assert secret and others
+        for html_file in (graded["root"] / "feedback").glob(f"*/{ps}/*.html"):
+            text = _html_text(html_file)
+            leaked = [line for line in secret | others if line in text]
+            assert not leaked, f"{html_file}: {leaked[:3]}"
+            scanned += 1
+    assert scanned == sum(len(_submissions(ps)) for ps in PROBLEM_SETS) - 1, "one per graded submission"
+
+
+def test_feedback_says_whether_hidden_checks_passed_and_the_full_version_is_for_instructors(graded):
+    text = _html_text(graded["root"] / "feedback" / "partly-wrong" / "ps1" / "ps1.html")
+    assert "Hidden checks: failed" in text and "Hidden checks: passed" in text
+    done = run_nbgrader(
+        "generate_feedback",
+        "ps1",
+        "--student=partly-wrong",
+        "--HideHiddenTests.enabled=False",
+        "--CourseDirectory.feedback_directory=feedback_full",
+        course_root=graded["root"],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    full = _html_text(graded["root"] / "feedback_full" / "partly-wrong" / "ps1" / "ps1.html")
+    assert any(line in full for line in _secret_lines("ps1")), "the scan above would see a leak"

@@ -8,8 +8,11 @@ instructor needs to see which question a class found hard, read with nbgrader's 
 the virtual environment is not activated (nbgrader calls the ``alembic`` script by name when it creates
 a gradebook) and with this checkout's ``course_lib`` importable by the grading kernels.
 
-From a shell: ``python -m course_lib.grading ps1 [ps2 ...] [--course-root DIR]`` prints one score table
-per assignment (default: every assignment with submissions).
+From a shell, ``python -m course_lib.grading`` autogrades in a sandbox, prints the pre-grading screen
+report, writes feedback and prints score tables (:mod:`course_lib.grading.cli`). The safe-grading parts
+live in submodules: :mod:`~course_lib.grading.sandbox` (bubblewrap kernels),
+:mod:`~course_lib.grading.screen` (pre-grading screen), :mod:`~course_lib.grading.execute` (guarded
+execution, grades from errors only), :mod:`~course_lib.grading.feedback` (hidden tests hidden).
 
 References
 ----------
@@ -19,7 +22,6 @@ score if set, else the autograder's, else 0) and "Exporting grades" (``nbgrader 
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 #: The workbook's nbgrader course root (``exercises/`` next to ``course_lib/``).
-COURSE_ROOT = Path(__file__).resolve().parent.parent / "exercises"
+COURSE_ROOT = Path(__file__).resolve().parents[2] / "exercises"
 #: File name of the SQLite gradebook inside a course root (set in ``exercises/nbgrader_config.py``).
 GRADEBOOK_FILE = "gradebook.db"
 #: Columns of :func:`question_scores`, in order.
@@ -226,7 +228,7 @@ def run_nbgrader(
     root = _course_root(course_root)
     env = os.environ.copy()
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    repo_root = str(Path(__file__).resolve().parent.parent)
+    repo_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in [repo_root, env.get("PYTHONPATH", "")] if p)
     return subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
@@ -261,17 +263,4 @@ def export_grades_csv(dest: str | os.PathLike, course_root: str | os.PathLike | 
     return pd.read_csv(dest_path, dtype={"student_id": str}, keep_default_na=False)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m course_lib.grading [ps ...] [--course-root DIR]``: print per-question score tables."""
-    parser = argparse.ArgumentParser(description="Per-question scores from the nbgrader gradebook.")
-    parser.add_argument("assignments", nargs="*", help="assignments to show (default: all with submissions)")
-    parser.add_argument("--course-root", default=None, help="nbgrader course root (default: exercises/)")
-    args = parser.parse_args(argv)
-    names = args.assignments or sorted(set(question_scores(args.course_root)["assignment"]))
-    with pd.option_context("display.width", 200, "display.max_columns", 50):
-        for name in names:
-            print(f"{name}\n{score_table(args.course_root, name)}\n")
-
-
-if __name__ == "__main__":
-    main()
+from course_lib.grading.cli import main  # noqa: E402  (the CLI uses the functions above)
