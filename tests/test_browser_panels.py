@@ -141,9 +141,25 @@ def _prompts(page) -> list[str]:
     return page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_inner_texts()
 
 
-def _run_all_and_wait(page, name: str) -> None:
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator('.lm-Menu-item[data-command="notebook:run-all-cells"]').click()
+def _kernel_idle(page) -> bool:
+    indicator = page.locator(".jp-Notebook-ExecutionIndicator")
+    return indicator.count() > 0 and indicator.first.get_attribute("data-status") == "idle"
+
+
+def _run_all_and_wait(page, name: str, n_code_cells: int) -> None:
+    # Wait until every cell is rendered and the kernel is idle; a Run All sent while the kernel is still
+    # connecting can be dropped, so it is sent again until a cell starts.
+    wait_until(lambda: len(_prompts(page)) == n_code_cells and _kernel_idle(page), timeout_s=180, interval_s=0.5,
+               what=f"{name}: the notebook to render and its kernel to start")
+    for _attempt in range(5):
+        page.locator(".jp-Notebook .jp-InputPrompt").first.click()  # make the notebook the current widget
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        try:
+            wait_until(lambda: any(p.strip() != "[ ]:" for p in _prompts(page)), timeout_s=15, interval_s=0.25)
+            break
+        except TimeoutError:
+            continue
     deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
     while time.monotonic() < deadline:
         errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
@@ -171,7 +187,8 @@ def test_panel_renders_and_redraws_in_a_real_browser(lab, browser, lesson):
     try:
         page.goto(f"{base}/lab/tree/{copy.relative_to(ROOT).as_posix()}?token={token}", timeout=120_000)
         page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
-        _run_all_and_wait(page, lesson.name)
+        n_code = sum(c["cell_type"] == "code" for c in json.loads(copy.read_text())["cells"])
+        _run_all_and_wait(page, lesson.name, n_code)
         slider = page.locator(".jp-OutputArea-output .jupyter-widgets .noUi-handle").first
         slider.wait_for(timeout=60_000)
         panel = page.locator(".jp-OutputArea-output", has=page.locator(".noUi-handle")).last
