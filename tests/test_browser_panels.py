@@ -42,6 +42,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--no-first-run",
     "--disable-sync",
+    "--disable-dev-shm-usage",  # containers often have a tiny /dev/shm
 ]
 #: A lesson's "Run All" on a loaded 2-core runner (Lesson 3 runs load tests) plus a margin.
 RUN_ALL_TIMEOUT_S = 420
@@ -149,14 +150,20 @@ def _kernel_idle(page) -> bool:
 def _run_all_and_wait(page, name: str, n_code_cells: int) -> None:
     # Wait until every cell is rendered and the kernel is idle; a Run All sent while the kernel is still
     # connecting can be dropped, so it is sent again until a cell starts.
-    wait_until(lambda: len(_prompts(page)) == n_code_cells and _kernel_idle(page), timeout_s=180, interval_s=0.5,
-               what=f"{name}: the notebook to render and its kernel to start")
+    wait_until(
+        lambda: len(_prompts(page)) == n_code_cells and _kernel_idle(page),
+        timeout_s=180,
+        interval_s=0.5,
+        what=f"{name}: the notebook to render and its kernel to start",
+    )
     for _attempt in range(5):
         page.locator(".jp-Notebook .jp-InputPrompt").first.click()  # make the notebook the current widget
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         try:
-            wait_until(lambda: any(p.strip() != "[ ]:" for p in _prompts(page)), timeout_s=15, interval_s=0.25)
+            wait_until(
+                lambda: any(p.strip() != "[ ]:" for p in _prompts(page)), timeout_s=15, interval_s=0.25
+            )
             break
         except TimeoutError:
             continue
