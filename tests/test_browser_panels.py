@@ -138,12 +138,16 @@ def browser():
             chromium.close()
 
 
+#: The notebook on screen (another lesson's tab may still exist in the page).
+PANEL = ".jp-NotebookPanel:visible"
+
+
 def _prompts(page) -> list[str]:
-    return page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_inner_texts()
+    return page.locator(f"{PANEL} .jp-CodeCell .jp-InputPrompt").all_inner_texts()
 
 
 def _kernel_idle(page) -> bool:
-    indicator = page.locator(".jp-Notebook-ExecutionIndicator")
+    indicator = page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator")
     return indicator.count() > 0 and indicator.first.get_attribute("data-status") == "idle"
 
 
@@ -157,7 +161,7 @@ def _run_all_and_wait(page, name: str, n_code_cells: int) -> None:
         what=f"{name}: the notebook to render and its kernel to start",
     )
     for _attempt in range(5):
-        page.locator(".jp-Notebook .jp-InputPrompt").first.click()  # make the notebook the current widget
+        page.locator(f"{PANEL} .jp-InputPrompt").first.click()  # make the notebook the current widget
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         try:
@@ -169,7 +173,9 @@ def _run_all_and_wait(page, name: str, n_code_cells: int) -> None:
             continue
     deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
     while time.monotonic() < deadline:
-        errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+        errors = page.locator(
+            f'{PANEL} .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+        )
         tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
         assert not tracebacks, f"{name}: a cell failed in the browser:\n{tracebacks[0][-2000:]}"
         prompts = _prompts(page)
@@ -192,13 +198,15 @@ def test_panel_renders_and_redraws_in_a_real_browser(lab, browser, lesson):
     shutil.copyfile(lesson, copy)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        page.goto(f"{base}/lab/tree/{copy.relative_to(ROOT).as_posix()}?token={token}", timeout=120_000)
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+        # A workspace of its own, reset: no tab of an earlier lesson is restored next to this one.
+        url = f"{base}/lab/workspaces/{lesson.stem}/tree/{copy.relative_to(ROOT).as_posix()}"
+        page.goto(f"{url}?reset&token={token}", timeout=120_000)
+        page.locator(f"{PANEL} .jp-Cell").first.wait_for(timeout=120_000)
         n_code = sum(c["cell_type"] == "code" for c in json.loads(copy.read_text())["cells"])
         _run_all_and_wait(page, lesson.name, n_code)
-        slider = page.locator(".jp-OutputArea-output .jupyter-widgets .noUi-handle").first
+        slider = page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets .noUi-handle").first
         slider.wait_for(timeout=60_000)
-        panel = page.locator(".jp-OutputArea-output", has=page.locator(".noUi-handle")).last
+        panel = page.locator(f"{PANEL} .jp-OutputArea-output", has=page.locator(".noUi-handle")).last
         button = panel.locator("button.jupyter-button")
         if button.count():  # interact_manual: the plot appears on the first press
             button.first.click()
