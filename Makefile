@@ -1,5 +1,5 @@
 # Inference Engineering Workbook: every target bootstraps .venv from requirements.lock on first use.
-# Targets: make lab | make course | make test | make bench | make lint | make lock | make clean
+# Targets: make lab | make html | make course | make test | make bench | make lint | make lock | make clean
 
 PYTHON ?= python3
 VENV   := .venv
@@ -16,14 +16,19 @@ unexport MPLBACKEND
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
                 --nbval-cell-timeout=120
 
-.PHONY: help install kernel lab course test unit nbval lint bench lock clean exercises system-deps
+# Student JupyterLab: only the course kernel, no nbgrader instructor extensions (config/student-jupyter).
+# Instructors who want nbgrader's formgrader in JupyterLab: make lab LAB_CONFIG=
+LAB_CONFIG ?= $(CURDIR)/config/student-jupyter
+
+.PHONY: help install kernel lab html course test unit nbval lint bench lock clean exercises system-deps
 
 help:
-	@echo "make lab     install (first run), register the course kernel, open JupyterLab on 127.0.0.1"
+	@echo "make lab     install (first run, about 1 GB), open JupyterLab on 127.0.0.1 with the course kernel"
+	@echo "make html    render the committed lessons (no execution) into build/html/ to read without running"
 	@echo "make course  execute every lesson headless into build/course and print a timing table"
 	@echo "make test    unit tests + strict nbval on every lesson + nbgrader round-trip (what CI runs)"
 	@echo "make bench   runtime comparison tables (ratios measured side by side)"
-	@echo "make lint    ruff over course_lib, tests, benchmarks"
+	@echo "make lint    ruff over course_lib, tests, benchmarks and the lessons"
 	@echo "make exercises  rebuild exercises/release and the grading fixtures (instructors)"
 
 # Debian packages the real-component tests use: Redis (Lesson 8), promtool (Lesson 9), Chromium (browser
@@ -43,8 +48,10 @@ system-deps:
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required, found " + sys.version'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the course environment into $(VENV): about 1 GB of wheels (numpy, pandas, scikit-learn,"
+	@echo "XGBoost, ONNX Runtime, JupyterLab, ...). Usually 3-10 minutes; pip shows each download below."
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --progress-bar on -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -58,8 +65,15 @@ kernel: $(STAMP)
 # Jupyter refuses to run as root unless told; containers often run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-lab: kernel
-	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=. $(ROOT_FLAG) $(LAB_ARGS)
+# The lessons' default "Python 3" kernel is this environment; `make kernel` registers it by name for
+# other front-ends (VS Code), and the student config hides that duplicate inside JupyterLab.
+lab: $(STAMP)
+	JUPYTER_CONFIG_DIR=$(LAB_CONFIG) $(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=. $(ROOT_FLAG) $(LAB_ARGS)
+
+# Read the lessons without running them: the committed outputs, rendered to HTML.
+html: $(STAMP)
+	$(BIN)/jupyter nbconvert --to html --output-dir build/html notebooks/*.ipynb
+	@echo "open build/html/01_churn_model.html (one page per lesson)"
 
 course: kernel
 	$(BIN)/python -m course_lib.course_runner notebooks --out build/course --budget-s 90
@@ -71,11 +85,11 @@ nbval: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) notebooks
 
 test: $(STAMP)
-	$(BIN)/ruff check course_lib tests benchmarks
+	$(BIN)/ruff check course_lib tests benchmarks notebooks
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
 
 lint: $(STAMP)
-	$(BIN)/ruff check course_lib tests benchmarks
+	$(BIN)/ruff check course_lib tests benchmarks notebooks
 	$(BIN)/ruff format --check course_lib tests benchmarks
 
 bench: $(STAMP)

@@ -12,10 +12,11 @@ import platform
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 from course_lib.bench import usable_cores
 
-__all__ = ["THREAD_ENV_VARS", "EnvReport", "cpu_model", "env_report"]
+__all__ = ["THREAD_ENV_VARS", "EnvReport", "course_environment", "cpu_model", "env_report"]
 
 THREAD_ENV_VARS: tuple[str, ...] = (
     "OMP_NUM_THREADS",
@@ -71,6 +72,7 @@ class EnvReport:
     packages: dict[str, str] = field(default_factory=dict)
     timestamp_utc: str = ""
     load_average_1m: float = 0.0
+    environment: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -91,6 +93,8 @@ class EnvReport:
             ),
             "ORT providers   " + ", ".join(self.onnxruntime_providers),
         ]
+        if self.environment:
+            lines.append(f"environment     {self.environment}")
         lines += [f"{name:<15} {ver}" for name, ver in self.packages.items()]
         lines.append(f"measured at     {self.timestamp_utc}")
         return "\n".join(lines)
@@ -125,4 +129,40 @@ def env_report() -> EnvReport:
         packages=packages,
         timestamp_utc=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         load_average_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+        environment=course_environment(),
+    )
+
+
+_LOCK = Path(__file__).resolve().parent.parent / "requirements.lock"
+
+
+def course_environment(lock: str | Path = _LOCK) -> str:
+    """Whether this Python is the course environment: its library versions against ``requirements.lock``.
+
+    Returns one line for ``env_report``: "course environment (...)" when every library the report
+    lists is installed at the locked version, otherwise "NOT the course environment: ..." naming the
+    first differences and what to do (``make lab``, then pick the course kernel). Empty when the lock
+    file is not next to the package (course_lib installed elsewhere).
+    """
+    try:
+        text = Path(lock).read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    pinned = {}
+    for line in text.splitlines():
+        if "==" in line and not line.startswith("#") and ";" not in line:
+            name, version = line.split("==", 1)
+            pinned[name.strip().lower()] = version.strip()
+    wrong = []
+    for name in _PACKAGES:
+        if name in pinned and (installed := _version(name)) != pinned[name]:
+            wrong.append(f"{name} {installed or 'missing'} (lock: {pinned[name]})")
+    if not wrong:
+        return f"course environment (library versions match requirements.lock; python at {sys.prefix})"
+    return (
+        "NOT the course environment: "
+        + ", ".join(wrong[:3])
+        + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+        + ". Timings and outputs may differ from the lessons'; start JupyterLab with `make lab` in the "
+        "repository and use its Python 3 kernel (elsewhere: `make kernel`, then 'Python (Inference Workbook)')"
     )

@@ -147,6 +147,32 @@ def _is_complete(path: Path, n_customers: int, seed: int) -> bool:
     return all(meta.get(key) == value for key, value in expected.items())
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _remove_stale_temporaries(path: Path) -> list[Path]:
+    """Delete half-written ``<store>.<pid>.<thread>.tmp`` files whose building process has gone.
+
+    A kernel restarted in the middle of a build leaves its temporary file (~150 MB) behind; a build
+    still running in another live process keeps its own.
+    """
+    removed = []
+    for tmp in path.parent.glob(f"{path.name}.*.tmp"):
+        pid_text = tmp.name[len(path.name) + 1 :].split(".", 1)[0]
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and _pid_alive(int(pid_text)):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
 def build_feature_store(
     n_customers: int = DEFAULT_N_CUSTOMERS,
     seed: int = DEFAULT_SEED,
@@ -158,7 +184,8 @@ def build_feature_store(
 
     Idempotent: a finished store for the same (n_customers, seed, schema) is reused. The database is
     written to a temporary file and renamed into place only when complete, so an interrupted build
-    never leaves a half-filled store behind. 1,000,000 customers take a few seconds and ~150 MB.
+    never leaves a half-filled store behind; the next build deletes temporaries that an interrupted
+    build (a restarted kernel) left behind. 1,000,000 customers take a few seconds and ~150 MB.
 
     Parameters
     ----------
@@ -188,6 +215,7 @@ def build_feature_store(
             path, n_customers, seed, False, time.perf_counter() - start, path.stat().st_size
         )
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.unlink(missing_ok=True)
     frame = make_customers(n_customers, seed)

@@ -17,12 +17,13 @@ numpy.percentile documentation, ``method`` parameter.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from typing import Literal
 
 import numpy as np
 
-__all__ = ["METHODS", "fanout_tail_probability", "percentile", "percentiles"]
+__all__ = ["METHODS", "fanout_tail_probability", "nearest_rank_position", "percentile", "percentiles"]
 
 Method = Literal["nearest-rank", "linear"]
 METHODS: tuple[str, ...] = ("nearest-rank", "linear")
@@ -42,10 +43,28 @@ def _as_samples(samples: Iterable[float] | np.ndarray) -> np.ndarray:
     return arr
 
 
-def _check_q(q: float) -> float:
+def _check_q(q: float, name: str = "q") -> float:
+    """q as a percentage in [0, 100]; a fraction such as 0.99 is refused, q == 1 warns."""
     if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) or not 0 <= q <= 100:
-        raise ValueError(f"q must be a number in [0, 100] (e.g. 99 for p99), got {q!r}")
+        raise ValueError(f"{name} must be a number in [0, 100] (e.g. 99 for p99), got {q!r}")
+    if 0 < q < 1:
+        raise ValueError(
+            f"{name}={q!r} looks like a fraction, but {name} is a percentage in [0, 100]: "
+            f"did you mean {100 * float(q):g}? (pass {name}=99 for p99)"
+        )
+    if q == 1:
+        warnings.warn(
+            f"{name}=1 asks for the 1st percentile; if you meant all samples (a fraction of 1.0), pass "
+            f"{name}=100",
+            UserWarning,
+            stacklevel=3,
+        )
     return float(q)
+
+
+def _nearest_rank(q: float, n: int) -> int:
+    """1-based rank ceil(q/100 x n), at least 1 (the tolerance keeps exact ranks exact)."""
+    return max(1, math.ceil(q * n / 100.0 - 1e-9))
 
 
 def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method = "nearest-rank") -> float:
@@ -55,7 +74,7 @@ def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method =
     ----------
     samples : 1-D array-like of float, shape (n,), n >= 1, e.g. latencies in ms.
     q : float in [0, 100]
-        99 for p99.
+        99 for p99. A fraction such as 0.99 raises ``ValueError`` ("did you mean 99?"); q == 1 warns.
     method : {"nearest-rank", "linear"}
         ``nearest-rank`` returns an observed value (numpy's ``inverted_cdf``); ``linear`` interpolates
         between neighbours (numpy's default).
@@ -67,14 +86,13 @@ def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method =
     Raises
     ------
     ValueError
-        Empty samples, NaN samples, q outside [0, 100], or an unknown method.
+        Empty samples, NaN samples, q outside [0, 100], q in (0, 1) (a fraction), or an unknown method.
     """
     arr = _as_samples(samples)
     qf = _check_q(q)
     if method == "nearest-rank":
         ordered = np.sort(arr)
-        rank = max(1, math.ceil(qf * len(ordered) / 100.0 - 1e-9))
-        return float(ordered[rank - 1])
+        return float(ordered[_nearest_rank(qf, len(ordered)) - 1])
     if method == "linear":
         return float(np.percentile(arr, qf, method="linear"))
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -88,6 +106,32 @@ def percentiles(
     return {f"p{q:g}": percentile(arr, q, method) for q in qs}
 
 
+def nearest_rank_position(samples: Iterable[float] | np.ndarray, q: float) -> int:
+    """Position in ``samples`` (0-based, original order) of the sample that is the nearest-rank p_q.
+
+    Use it to ask *which* request sits at the p99 (a cache miss? a slow stage?): the sample at that
+    position equals ``percentile(samples, q)``. Ties keep the original order (a stable sort), so the
+    answer is deterministic.
+
+    Parameters
+    ----------
+    samples : 1-D array-like of float, shape (n,), n >= 1.
+    q : float in [0, 100], 99 for p99 (a fraction such as 0.99 is refused).
+
+    Returns
+    -------
+    int in [0, n)
+
+    Raises
+    ------
+    ValueError
+        As :func:`percentile`.
+    """
+    arr = _as_samples(samples)
+    qf = _check_q(q)
+    return int(np.argsort(arr, kind="stable")[_nearest_rank(qf, len(arr)) - 1])
+
+
 def fanout_tail_probability(k: int, q: float = 99.0) -> float:
     """Chance that at least one of ``k`` independent parallel calls is slower than its q-th percentile.
 
@@ -97,7 +141,8 @@ def fanout_tail_probability(k: int, q: float = 99.0) -> float:
     Raises
     ------
     ValueError
-        If ``k`` is not an integer >= 1 or ``q`` is outside [0, 100].
+        If ``k`` is not an integer >= 1, ``q`` is outside [0, 100], or ``q`` is a fraction in (0, 1)
+        such as 0.99 ("did you mean 99?"). q == 1 warns.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer number of parallel calls >= 1, got {k!r}")

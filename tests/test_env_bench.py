@@ -124,3 +124,19 @@ def test_interleaved_rounds_rejects_bad_arguments():
 
 def test_usable_cores_is_what_the_environment_report_prints():
     assert usable_cores() == env_report().usable_cores >= 1
+
+
+def test_the_report_says_whether_this_is_the_course_environment(tmp_path):
+    from course_lib.env import course_environment
+
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("# comment\nnumpy==0.0.1\nxgboost==9.9; sys_platform == 'darwin'\n")
+    verdict = course_environment(lock)
+    assert verdict.startswith("NOT the course environment: numpy ")
+    assert "(lock: 0.0.1)" in verdict and "make lab" in verdict and "xgboost" not in verdict
+    import numpy
+
+    lock.write_text(f"numpy=={numpy.__version__}\n")
+    assert course_environment(lock).startswith("course environment")
+    assert course_environment(tmp_path / "missing.lock") == ""
+    assert "environment     course environment" in str(env_report())  # this checkout's own venv

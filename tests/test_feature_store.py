@@ -85,6 +85,27 @@ def test_a_half_written_file_is_not_reused_but_rebuilt(tmp_path):
         assert fresh.n_customers == 200
 
 
+def test_a_build_removes_temporaries_left_by_an_interrupted_build(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = feature_store_path(200, 3, tmp_path)
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    gone_pid = int(finished.stdout)  # a process that has exited: its half-written file is stale
+    stale = path.with_name(f"{path.name}.{gone_pid}.1.tmp")
+    stale.write_bytes(b"x" * 1000)
+    live = path.with_name(f"{path.name}.{os.getppid()}.1.tmp")  # a live process may still be building
+    live.write_bytes(b"y")
+    other_store = tmp_path / "customers_n999_seed3_v1.sqlite.123.1.tmp"
+    other_store.write_bytes(b"z")
+    assert build_feature_store(200, 3, folder=tmp_path).built
+    assert not stale.exists()
+    assert live.exists() and other_store.exists()
+
+
 def test_missing_store_file_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="build_feature_store"):
         FeatureStore(tmp_path / "nope.sqlite")

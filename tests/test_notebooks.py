@@ -6,6 +6,9 @@ import ast
 import importlib
 import json
 import pkgutil
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,9 +32,14 @@ def _code_cells(path: Path) -> list[str]:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
-def _defined_names(source: str) -> set[str]:
+def _parse(source: str) -> ast.Module:
+    """A code cell as Python: IPython magics and shell lines dropped, top-level await allowed."""
     lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
-    tree = ast.parse("\n".join(lines))
+    return ast.parse("\n".join(lines), feature_version=(3, 11), type_comments=False)
+
+
+def _defined_names(source: str) -> set[str]:
+    tree = _parse(source)
     return {
         n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
     }
@@ -73,3 +81,133 @@ def test_every_plot_is_labelled_and_shown(path):
                 continue  # helper cells that only prepare data
             assert "xlabel" in src or "set_xlabel" in src, f"unlabelled x axis in {path.name}:\n{src[:200]}"
             assert "ylabel" in src or "set_ylabel" in src, f"unlabelled y axis in {path.name}:\n{src[:200]}"
+
+
+# --- The house rules for lessons (README "For contributors"; issue 11 item 3) -------------------------------
+
+#: Top-level functions and classes a lesson may define: plotting and widget helpers only.
+HELPER_PREFIXES = ("plot_", "panel_")
+MAX_CELL_LINES = 30
+
+
+def _outputs(path: Path) -> list[dict]:
+    nb = json.loads(path.read_text())
+    return [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_defines_only_plotting_and_widget_helpers(path):
+    found = []
+    for src in _code_cells(path):
+        for node in _parse(src).body:
+            is_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if is_def and (isinstance(node, ast.ClassDef) or not node.name.startswith(HELPER_PREFIXES)):
+                found.append(node.name)
+    assert not found, (
+        f"{path.name} defines {found} at top level: move the logic into course_lib (with tests) and import it; "
+        f"a lesson may define only plotting/widget functions named {HELPER_PREFIXES[0]}* or {HELPER_PREFIXES[1]}*"
+    )
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_code_cells_are_short(path):
+    long = [
+        (n, src.splitlines()[0]) for src in _code_cells(path) if (n := len(src.splitlines())) > MAX_CELL_LINES
+    ]
+    assert not long, f"{path.name}: code cells over {MAX_CELL_LINES} lines (lines, first line): {long}"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_stored_outputs_hold_no_stderr(path):
+    stderr = [
+        "".join(o.get("text", ""))[:200]
+        for o in _outputs(path)
+        if o.get("output_type") == "stream" and o.get("name") == "stderr"
+    ]
+    assert not stderr, f"{path.name} stores stderr (warnings, server logs): {stderr}"
+
+
+def _private_getsource(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(_parse(source)):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name not in ("getsource", "getsourcelines", "getsourcefile"):
+            continue
+        target = ast.unparse(node.args[0])
+        if any(part.startswith("_") for part in re.split(r"[.\[\]()]", target) if part):
+            found.append(target)
+    return found
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_never_shows_the_source_of_a_private_name(path):
+    found = [t for src in _code_cells(path) for t in _private_getsource(src)]
+    assert not found, (
+        f"{path.name} shows private code with inspect.getsource: {found}; show public names or prose"
+    )
+
+
+def test_the_rule_checks_catch_what_they_are_for():
+    assert _private_getsource("import inspect\nprint(inspect.getsource(cost._replicas_exact))") == [
+        "cost._replicas_exact"
+    ]
+    assert _private_getsource("getsource(_helper)") == ["_helper"]
+    assert _private_getsource("inspect.getsource(next_batch_size)") == []
+    tree = _parse("%matplotlib inline\nx = await f()\ndef plot_a(): pass\nclass B: pass")
+    assert [type(n).__name__ for n in tree.body] == ["Assign", "FunctionDef", "ClassDef"]
+
+
+def test_ruff_is_clean_on_the_lessons():
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", *map(str, LESSONS)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
+
+
+# --- Hand-typed numbers next to measured quantities (issue 13 item 1) ---------------------------------------
+
+_NUMBER = r"(?<![\w.])\d[\d,]*(?:\.\d+)?"
+_UNIT = (
+    r"(?:\s?(?:ms|µs|us|ns|s|seconds?|minutes?|req/s|requests (?:a|per) second|items a second|QPS|MB|KB|KiB|GB|bytes)\b"
+    r"|\s?%|x\b|\s?times\b)"
+)
+_QUANTITY = re.compile(
+    rf"(?:about |~|roughly |nearly |almost |over |under |up to )?{_NUMBER}(?:\s?(?:to|-|–)\s?{_NUMBER})?{_UNIT}"
+)
+REVIEWED_NUMBERS = json.loads((ROOT / "tests" / "fixtures" / "reviewed_numbers.json").read_text())
+
+
+def typed_quantities(path: Path) -> set[str]:
+    """Numbers with a unit of time, rate, size, ratio or share typed into a lesson's markdown (code spans skipped)."""
+    nb = json.loads(path.read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    return {m.group(0) for m in _QUANTITY.finditer(re.sub(r"`[^`]*`", "", text))}
+
+
+def test_the_number_scan_finds_typed_measurements():
+    text = "transport is 1.18 ms here, about 300-400 req/s, 2x faster, 97 % hits, 150 MB and `0.5 ms` in code"
+    found = {m.group(0) for m in _QUANTITY.finditer(re.sub(r"`[^`]*`", "", text))}
+    assert found == {"1.18 ms", "about 300-400 req/s", "2x", "97 %", "150 MB"}
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_every_typed_number_next_to_a_measured_quantity_was_reviewed(path):
+    """A number with a unit in prose must be a source's figure, arithmetic on one, a constant of the course or a
+    deterministic output; anything measured on the student's machine is printed by code or asserted as a bound.
+    New hits are listed for review: check each against the rule, then add it to tests/fixtures/reviewed_numbers.json
+    under the reason that applies (``python tests/test_notebooks.py notebooks/NN_x.ipynb`` prints them)."""
+    reviewed = {n for numbers in REVIEWED_NUMBERS.get(path.name, {}).values() for n in numbers}
+    new = sorted(typed_quantities(path) - reviewed)
+    assert not new, f"{path.name}: typed numbers next to measured quantities, not yet reviewed: {new}"
+
+
+if __name__ == "__main__":  # list a lesson's typed quantities for review
+    for arg in sys.argv[1:]:
+        print(json.dumps({Path(arg).name: sorted(typed_quantities(Path(arg)))}, indent=1, ensure_ascii=False))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -10,12 +11,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from course_lib.percentiles import fanout_tail_probability, percentile, percentiles
+from course_lib.percentiles import fanout_tail_probability, nearest_rank_position, percentile, percentiles
 
 latencies_ms = st.lists(
     st.floats(min_value=0.0, max_value=1e7, allow_nan=False, allow_infinity=False), min_size=1, max_size=300
 )
-q_any = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
+# 0 < q <= 1 is refused or warned about (a fraction passed for a percentage); tested separately below.
+q_any = st.one_of(st.just(0.0), st.floats(min_value=1.0, max_value=100.0, exclude_min=True, allow_nan=False))
 
 
 def source_vector_ms() -> list[float]:
@@ -136,7 +138,7 @@ def test_nearest_rank_equals_numpy_inverted_cdf(samples, q):
 
 
 @settings(max_examples=300, deadline=None)
-@given(samples=latencies_ms, q=st.integers(min_value=0, max_value=100))
+@given(samples=latencies_ms, q=st.integers(min_value=0, max_value=100).filter(lambda q: q != 1))  # q=1 warns
 def test_nearest_rank_matches_exact_rank_arithmetic(samples, q):
     rank = max(1, math.ceil(Fraction(q * len(samples), 100)))
     assert percentile(samples, q) == sorted(samples)[rank - 1]
@@ -159,3 +161,44 @@ def test_fractional_q_uses_the_exact_rank_not_a_rounding_artefact():
     # inverted_cdf gets the maximum here because 0.999 x 1000 is 999.0000000000001 in floating point.
     samples = np.arange(1, 1001, dtype=float)
     assert percentile(samples, 99.9) == 999.0
+
+
+@pytest.mark.parametrize("q", [0.5, 0.95, 0.99, 0.999])
+def test_a_fraction_is_refused_with_the_percentage_it_probably_meant(q):
+    with pytest.raises(ValueError, match=f"did you mean {100 * q:g}"):
+        percentile([1.0, 2.0, 3.0], q)
+    with pytest.raises(ValueError, match=f"did you mean {100 * q:g}"):
+        fanout_tail_probability(4, q)
+    with pytest.raises(ValueError, match="did you mean"):
+        nearest_rank_position([1.0, 2.0], q)
+
+
+def test_q_of_one_warns_that_it_is_the_first_percentile():
+    with pytest.warns(UserWarning, match="1st percentile"):
+        assert percentile([3.0, 1.0, 2.0], 1) == 1.0
+    with pytest.warns(UserWarning, match="pass q=100"):
+        fanout_tail_probability(2, 1)
+
+
+def test_q_zero_and_percentages_above_one_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert percentile([3.0, 1.0, 2.0], 0) == 1.0
+        assert percentile([3.0, 1.0, 2.0], 1.5) == 1.0
+        assert fanout_tail_probability(4, 99) == pytest.approx(1 - 0.99**4)
+
+
+def test_nearest_rank_position_points_at_the_sample_that_is_the_percentile():
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 100, 1000):
+        samples = rng.exponential(size=n)
+        for q in (0, 50, 95, 99, 100):
+            assert samples[nearest_rank_position(samples, q)] == percentile(samples, q)
+
+
+def test_nearest_rank_position_breaks_ties_by_original_order():
+    samples = [5.0, 1.0, 5.0, 5.0]  # p50 of 4 is rank 2: the first 5.0 in original order
+    assert nearest_rank_position(samples, 50) == 0
+    assert nearest_rank_position(samples, 100) == 3
+    samples = [1.0] * 99 + [10_000_000.0]
+    assert nearest_rank_position(samples, 99) == 98

@@ -1,0 +1,107 @@
+"""Cost per 1,000,000 predictions as a curve over traffic, and the level it settles to.
+
+Lesson 5 plots, for one :class:`~course_lib.cost.ServingOption`, what a million predictions cost when
+the fleet is sized for a peak and the bill is shared over the predictions served at the mean
+(``mean = peak / peak_to_mean``). At high traffic the curve settles into a sawtooth around
+
+    cost per 1M at full use x (1 + headroom) x peak_to_mean / target_utilization
+
+because each replica then carries ``1 / (1 + headroom)`` of its capacity at the peak, times
+``target_utilization``, and the mean is ``1 / peak_to_mean`` of the peak. Every argument is passed
+in: nothing (headroom, peak-to-mean ratio) is fixed here.
+
+References
+----------
+course_lib.cost: replicas_needed, plan_serving, cost_per_million_at_full_use_usd.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from course_lib.cost import ServingOption, cost_per_million_at_full_use_usd, plan_serving
+
+__all__ = ["cost_per_million_curve", "full_use_level_per_million"]
+
+
+def _peak_to_mean(value: float) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 1
+    ):
+        raise ValueError(f"peak_to_mean must be a number >= 1 (peak traffic / mean traffic), got {value!r}")
+    return float(value)
+
+
+def cost_per_million_curve(
+    option: ServingOption,
+    peaks_rps: Iterable[float],
+    *,
+    peak_to_mean: float,
+    headroom: float,
+    target_utilization: float = 1.0,
+) -> np.ndarray:
+    """Cost per 1,000,000 predictions of ``option`` at each peak traffic, in the option's currency.
+
+    Parameters
+    ----------
+    option : ServingOption
+    peaks_rps : iterable of float > 0, shape (n,)
+        Peak traffic the fleet is sized for, requests per second.
+    peak_to_mean : float >= 1
+        Peak traffic divided by the month's mean traffic (2.0: the mean is half the peak).
+    headroom : float
+        Fraction of spare capacity above the peak (0.3 for 30%); see ``replicas_needed``.
+    target_utilization : float in (0, 1]
+
+    Returns
+    -------
+    ndarray of float, shape (n,)
+
+    Raises
+    ------
+    ValueError
+        For ``peak_to_mean`` < 1 or any value ``plan_serving`` refuses (a percentage passed as
+        headroom, a non-positive peak).
+    """
+    ratio = _peak_to_mean(peak_to_mean)
+    return np.array(
+        [
+            plan_serving(
+                option,
+                peak_rps=p,
+                mean_rps=p / ratio,
+                headroom=headroom,
+                target_utilization=target_utilization,
+            ).cost_per_million_usd
+            for p in peaks_rps
+        ],
+        dtype=float,
+    )
+
+
+def full_use_level_per_million(
+    option: ServingOption, *, peak_to_mean: float, headroom: float, target_utilization: float = 1.0
+) -> float:
+    """The level ``cost_per_million_curve`` settles to at high traffic (the sawtooth's lower envelope).
+
+    ``cost per 1M at full use x (1 + headroom) x peak_to_mean / target_utilization``, in the option's
+    currency.
+
+    Raises
+    ------
+    ValueError
+        For ``peak_to_mean`` < 1, negative ``headroom`` or ``target_utilization`` outside (0, 1].
+    """
+    ratio = _peak_to_mean(peak_to_mean)
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom <= 10:
+        raise ValueError(f"headroom must be a fraction in [0, 10] (0.3 for 30%), got {headroom!r}")
+    if not 0 < target_utilization <= 1:
+        raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization!r}")
+    full_use = cost_per_million_at_full_use_usd(option.hourly_price_usd, option.rps_per_replica)
+    return full_use * (1 + headroom) * ratio / target_utilization

@@ -1,0 +1,64 @@
+"""Small plotting aids shared by the lessons: readable tick labels on log axes.
+
+Matplotlib labels a log axis only at powers of ten, so a latency histogram spanning 0.4 to 3 ms shows
+a single label ("10^0") or none. :func:`log_ticks` picks round values (1-2-5, refined to 1-1.5-2-3-5-7
+when the range is narrow) that fall inside the data, and :func:`set_log_ticks` applies them as plain
+numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["log_ticks", "set_log_ticks"]
+
+_COARSE = (1.0, 2.0, 5.0)
+_FINE = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+
+
+def log_ticks(low: float, high: float, *, min_ticks: int = 4) -> list[float]:
+    """Round tick values in [low, high] for a log axis, at least ``min_ticks`` of them where possible.
+
+    Parameters
+    ----------
+    low, high : float, 0 < low <= high (e.g. the smallest and largest latency in ms).
+    min_ticks : int >= 2
+
+    Returns
+    -------
+    list of float, increasing; the 1-2-5 series per decade, or the finer 1-1.5-2-3-5-7 series when
+    the coarse one leaves fewer than ``min_ticks`` values in range; [low, high] themselves if even
+    the fine series has fewer than two.
+
+    Raises
+    ------
+    ValueError
+        If ``low`` is not positive or ``high`` < ``low``.
+    """
+    if not (math.isfinite(low) and math.isfinite(high)) or low <= 0 or high < low:
+        raise ValueError(f"need 0 < low <= high (finite), got low={low!r}, high={high!r}")
+    ticks: list[float] = []
+    for series in (_COARSE, _FINE):
+        ticks = [
+            round(m * 10.0**d, 12)
+            for d in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+            for m in series
+            if low <= m * 10.0**d <= high
+        ]
+        if len(ticks) >= min_ticks:
+            return ticks
+    return ticks if len(ticks) >= 2 else [low, high]
+
+
+def set_log_ticks(ax: Any, low: float, high: float, *, axis: str = "x", min_ticks: int = 4) -> list[float]:
+    """Put :func:`log_ticks` on ``ax``'s ``axis`` ("x" or "y") as plain numbers; minor labels off."""
+    from matplotlib.ticker import NullFormatter
+
+    if axis not in ("x", "y"):
+        raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
+    ticks = log_ticks(low, high, min_ticks=min_ticks)
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(ticks, [f"{t:g}" for t in ticks])
+    target.set_minor_formatter(NullFormatter())
+    return ticks

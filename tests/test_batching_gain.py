@@ -1,0 +1,111 @@
+"""The ladder-aware batching gain and Amdahl's bound (lesson logic of Lesson 3, moved into course_lib)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pandas as pd
+import pytest
+
+from course_lib.batching_gain import amdahl_bound, bound_verdict, gain_verdict, median_round_trip_ms
+
+NAN = math.nan
+
+
+def capacity(rows: dict[str, tuple[float, float]]) -> pd.DataFrame:
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["sustained_rps", "first_failed_rps"])
+
+
+def test_both_limits_found_gives_the_ratio_and_its_interval():
+    v = gain_verdict(capacity({"one": (200, 300), "batched": (400, 600)}), ["one"], "batched")
+    assert v.ratio == 2.0 and v.text == "2.0x" and v.baseline == "one"
+    assert (v.low, v.high) == pytest.approx((400 / 300, 600 / 200))
+    assert "[1.33x, 3.00x]" in v.caveat
+
+
+def test_batching_that_met_every_rung_is_only_a_lower_bound():
+    v = gain_verdict(capacity({"one": (200, 400), "batched": (3200, NAN)}), ["one"], "batched")
+    assert v.text == "at least 16.0x" and math.isinf(v.high) and v.low == 8.0
+    assert "only a lower bound" in v.caveat
+
+
+def test_a_baseline_that_met_every_rung_makes_the_gain_an_upper_bound():
+    v = gain_verdict(capacity({"one": (800, NAN), "batched": (600, 800)}), ["one"], "batched")
+    assert v.text == "at most 0.8x" and v.low == 0.0 and v.high == 1.0
+
+
+def test_both_met_every_rung_means_the_gain_is_unknown():
+    v = gain_verdict(capacity({"one": (800, NAN), "batched": (800, NAN)}), ["one"], "batched")
+    assert "unknown" in v.caveat and v.low == 0.0 and math.isinf(v.high)
+
+
+def test_the_best_of_several_baselines_is_used():
+    table = capacity({"thread": (100, 200), "loop": (200, 400), "batched": (800, 1600)})
+    v = gain_verdict(table, ["thread", "loop"], "batched")
+    assert v.baseline == "loop" and v.ratio == 4.0
+
+
+@pytest.mark.parametrize(
+    ("baselines", "batched", "match"),
+    [
+        ([], "batched", "baselines is empty"),
+        (["nope"], "batched", "'nope' is not a target"),
+        (["one"], "nope", "'nope' is not a target"),
+    ],
+)
+def test_gain_verdict_rejects_bad_names(baselines, batched, match):
+    table = capacity({"one": (200, 300), "zero": (0, 25), "batched": (400, 600)})
+    with pytest.raises(ValueError, match=match):
+        gain_verdict(table, baselines, batched)
+
+
+def test_a_baseline_that_failed_every_rung_leaves_only_a_lower_bound():
+    v = gain_verdict(capacity({"one": (0, 25), "batched": (400, 600)}), ["one"], "batched")
+    assert math.isnan(v.ratio) and v.low == 16.0 and math.isinf(v.high)
+    assert v.text == "at least 16.0x" and "start the ladder lower" in v.caveat
+
+
+def test_amdahl_bound_matches_the_formula_and_its_limits():
+    # h = 1.5 ms, m(1) = 3.6 ms, m(64) = 4.0 ms: (1.5 + 3.6) / (1.5 + 4.0 / 64)
+    assert amdahl_bound(1.5, 3.6, 4.0, 64) == pytest.approx(5.1 / (1.5 + 4.0 / 64))
+    assert amdahl_bound(0.0, 5.2, 30.6, 128) == pytest.approx(5.2 / (30.6 / 128))  # no per-request work
+    assert amdahl_bound(2.0, 1.0, 1.0, 1) == 1.0  # a batch of one gains nothing
+    assert amdahl_bound(1e9, 1.0, 64.0, 64) == pytest.approx(1.0)  # per-request work dominates
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((-1.0, 1.0, 1.0, 2), "per_request_ms"),
+        ((1.0, 0.0, 1.0, 2), "must be > 0"),
+        ((1.0, 1.0, math.nan, 2), "call_ms_batch"),
+        ((1.0, 1.0, 1.0, 0), "batch_size"),
+    ],
+)
+def test_amdahl_bound_rejects_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        amdahl_bound(*args)
+
+
+def test_bound_verdict_places_the_bound_against_the_measured_interval():
+    v = gain_verdict(capacity({"one": (200, 300), "batched": (400, 600)}), ["one"], "batched")  # [1.33, 3.0]
+    assert "inside" in bound_verdict(v, 1.92) and "consistent" in bound_verdict(v, 1.92)
+    assert "above the bound" in bound_verdict(v, 1.1)
+    assert "below the bound" in bound_verdict(v, 3.27)
+    with pytest.raises(ValueError, match="bound"):
+        bound_verdict(v, math.inf)
+
+
+def test_median_round_trip_excludes_warmup_and_checks_arguments():
+    seen = []
+
+    async def post(payload):
+        seen.append(payload)
+
+    ms = asyncio.run(median_round_trip_ms(post, [1, 2, 3], n_requests=10, warmup_requests=2))
+    assert ms >= 0 and seen == [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
+    with pytest.raises(ValueError, match="payloads is empty"):
+        asyncio.run(median_round_trip_ms(post, [], n_requests=3))
+    with pytest.raises(ValueError, match="n_requests > warmup_requests"):
+        asyncio.run(median_round_trip_ms(post, [1], n_requests=2, warmup_requests=2))
