@@ -81,13 +81,3 @@ __all__ = [
     "predictions_per_month",
     "replicas_needed",
 ]
-
-# --- old names (issue 11, item 4: currency-neutral names) --------------------------------------------
-# Kept only until the lessons use the new names (handoff/house.md lists the renames); delete this block
-# and the ``_usd`` properties in fleet_cost.py and serving_options.py then. Not exported.
-batch_job_cost_usd = batch_job_cost
-cost_per_million_usd = cost_per_million
-cost_per_million_at_full_use_usd = cost_per_million_at_full_use
-cost_per_thousand_usd = cost_per_thousand
-cost_per_thousand_at_full_use_usd = cost_per_thousand_at_full_use
-monthly_cost_usd = monthly_cost

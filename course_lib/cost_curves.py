@@ -12,7 +12,7 @@ in: nothing (headroom, peak-to-mean ratio) is fixed here.
 
 References
 ----------
-course_lib.cost: replicas_needed, plan_serving, cost_per_million_at_full_use_usd.
+course_lib.cost: replicas_needed, plan_serving, cost_per_million_at_full_use.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from course_lib.cost import ServingOption, cost_per_million_at_full_use_usd, plan_serving
+from course_lib.cost import ServingOption, cost_per_million_at_full_use, plan_serving
 
 __all__ = ["cost_per_million_curve", "full_use_level_per_million"]
 
@@ -78,7 +78,7 @@ def cost_per_million_curve(
                 mean_rps=p / ratio,
                 headroom=headroom,
                 target_utilization=target_utilization,
-            ).cost_per_million_usd
+            ).cost_per_million
             for p in peaks_rps
         ],
         dtype=float,
@@ -103,5 +103,5 @@ def full_use_level_per_million(
         raise ValueError(f"headroom must be a fraction in [0, 10] (0.3 for 30%), got {headroom!r}")
     if not 0 < target_utilization <= 1:
         raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization!r}")
-    full_use = cost_per_million_at_full_use_usd(option.hourly_price_usd, option.rps_per_replica)
+    full_use = cost_per_million_at_full_use(option.hourly_price, option.rps_per_replica)
     return full_use * (1 + headroom) * ratio / target_utilization

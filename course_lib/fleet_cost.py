@@ -291,19 +291,6 @@ class ScheduledJobComparison:
     runs_per_year: float
     hours_per_year: float
 
-    # Old names (in the unit of the prices given, not necessarily USD); remove once lessons follow.
-    @property
-    def always_on_annual_usd(self) -> float:
-        return self.always_on_annual
-
-    @property
-    def scheduled_annual_usd(self) -> float:
-        return self.scheduled_annual
-
-    @property
-    def savings_usd(self) -> float:
-        return self.savings
-
 
 def always_on_vs_scheduled(
     always_on_hourly: float,

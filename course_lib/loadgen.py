@@ -390,7 +390,7 @@ def sustainable_rate(
     ----------
     table : DataFrame with ``offered_rps``, ``p99_ms`` and ``achieved_column`` (one row per rate),
         e.g. ``LoadResult.summary()`` rows or ``course_lib.simulator.sweep_offered_load`` output
-        (pass ``achieved_column="throughput_rps"``).
+        (the default ``achieved_column`` names it).
     p99_limit_ms : float > 0
     min_achieved_fraction : float in (0, 1]
     achieved_column : str

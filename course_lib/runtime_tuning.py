@@ -158,8 +158,7 @@ def oversubscription_table(
     DataFrame indexed by (``n_processes``, ``intra_op_num_threads``) with ``threads_total`` (a
     thread count of 0 is counted as ``usable_cores()``, which is what ONNX Runtime starts on a machine
     whose logical cores are physical), ``threads_per_core`` (threads_total / usable cores), ``p50_us``, ``p99_us`` (nearest rank) and
-    ``achieved_rps`` (all workers' calls divided by the slowest worker's wall time; also under its old
-    name ``throughput_rps`` until Lesson 4 follows the rename).
+    ``achieved_rps`` (all workers' calls divided by the slowest worker's wall time).
 
     Raises
     ------
@@ -221,7 +220,6 @@ def oversubscription_table(
             "p50_us": percentile(us, 50),
             "p99_us": percentile(us, 99),
             "achieved_rps": len(us) / wall_s,
-            "throughput_rps": len(us) / wall_s,  # old name: remove once Lesson 4 reads achieved_rps
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index = pd.MultiIndex.from_tuples(list(rows), names=["n_processes", "intra_op_num_threads"])

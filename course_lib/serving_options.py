@@ -89,11 +89,6 @@ class ServingOption:
         check_currency(self.currency)
 
     @property
-    def hourly_price_usd(self) -> float:
-        """Old name of ``hourly_price`` (in ``currency``, not necessarily USD); remove once lessons follow."""
-        return self.hourly_price
-
-    @property
     def as_of_label(self) -> str:
         """``price_as_of`` as ISO text, or ``"undated"``."""
         return self.price_as_of.isoformat() if self.price_as_of is not None else "undated"
@@ -118,11 +113,6 @@ class ServingPlan:
     cost_per_million: float
     cost_per_thousand_at_full_use: float
     mean_utilization: float
-
-    @property
-    def cost_per_million_usd(self) -> float:
-        """Old name of ``cost_per_million`` (in ``currency``); remove once lessons follow."""
-        return self.cost_per_million
 
 
 def plan_serving(

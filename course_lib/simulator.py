@@ -113,10 +113,6 @@ class BatchingResult:
         span_ms = float(self.requests["completion_ms"].max() - self.requests["arrival_ms"].min())
         return math.inf if span_ms == 0 else 1000.0 * len(self.requests) / span_ms
 
-    def throughput_rps(self) -> float:
-        """Old name of :meth:`achieved_rps`; remove once Lesson 3 uses the new name."""
-        return self.achieved_rps()
-
     def offered_rps(self) -> float:
         """Arrival rate: (n - 1) gaps over the arrival span, requests per second (nan for one request)."""
         arrivals = self.requests["arrival_ms"]
@@ -148,7 +144,6 @@ class BatchingResult:
             "p99_queue_wait_ms": percentile(self.requests["queue_wait_ms"].to_numpy(), 99),
             "utilisation": busy_ms / (span_ms * instances) if span_ms > 0 else math.nan,
         }
-        row["throughput_rps"] = row["achieved_rps"]  # old name: remove once Lesson 3 reads achieved_rps
         return row
 
 

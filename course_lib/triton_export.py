@@ -56,7 +56,9 @@ _ONNX_TO_TRITON = {
 def _check_batching(max_batch_size: int, preferred: Sequence[int], delay_us: int, instances: int) -> None:
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
-    bad = [p for p in preferred if isinstance(p, bool) or not (isinstance(p, int) and 1 <= p <= max_batch_size)]
+    bad = [
+        p for p in preferred if isinstance(p, bool) or not (isinstance(p, int) and 1 <= p <= max_batch_size)
+    ]
     if bad:
         raise ValueError(
             f"preferred_batch_sizes must be integers in [1, max_batch_size={max_batch_size}], got {bad}"

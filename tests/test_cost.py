@@ -476,19 +476,6 @@ def test_break_even_ranges_agree_with_brute_force(a, b, headroom_pct, probes):
         assert b_cheaper(Fraction(result.rps * 1.0001 + 1e-9))
 
 
-def test_old_currency_names_still_resolve_until_the_lessons_follow():
-    """The ``_usd`` names are aliases of the currency-neutral ones (not exported); delete with the aliases."""
-    import course_lib.cost as cost
-
-    assert cost.monthly_cost_usd is monthly_cost and cost.cost_per_million_usd is cost_per_million
-    assert cost.batch_job_cost_usd is batch_job_cost
-    assert not [name for name in cost.__all__ if name.endswith("_usd")]
-    option = ServingOption("CPU", 0.17, 50, None, "illustrative")
-    assert option.hourly_price_usd == option.hourly_price == 0.17
-    plan = plan_serving(option, peak_rps=10, mean_rps=5)
-    assert plan.cost_per_million_usd == plan.cost_per_million
-
-
 def test_cost_names_carry_no_currency():
     import course_lib.cost as cost
 

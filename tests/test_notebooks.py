@@ -22,6 +22,8 @@ LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 def _exports() -> set[str]:
     names: set[str] = set(course_lib.__all__)
     for info in pkgutil.walk_packages(course_lib.__path__, prefix="course_lib."):
+        if info.name.endswith(".__main__"):  # a command line, not a library: importing it runs it
+            continue
         module = importlib.import_module(info.name)
         names.update(getattr(module, "__all__", ()))
     return names - {"__version__"}
