@@ -38,6 +38,12 @@ def _nbgrader(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
+def _log_excerpt(stderr: str) -> str:
+    """nbgrader's log from the first traceback on (where a submission failed), else its tail."""
+    start = stderr.find("Traceback")
+    return stderr[start : start + 6000] if start >= 0 else stderr[-3000:]
+
+
 def _cell(nb, grade_id: str):
     [cell] = [c for c in nb.cells if _nbgrader(c).get("grade_id") == grade_id]
     return cell
@@ -153,7 +159,7 @@ def test_committed_release_is_what_generate_assignment_produces(graded, ps):
 
 def test_every_submission_was_graded(graded):
     for ps in PROBLEM_SETS:
-        assert graded["autograde"][ps].returncode == 0, graded["autograde"][ps].stderr[-3000:]
+        assert graded["autograde"][ps].returncode == 0, _log_excerpt(graded["autograde"][ps].stderr)
         for student in (FIXTURES / "submitted").iterdir():
             if (student / ps).exists():
                 assert (graded["root"] / "autograded" / student.name / ps / f"{ps}.ipynb").exists()
