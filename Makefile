@@ -114,10 +114,11 @@ lock: $(STAMP)
 
 # nbgrader calls the `alembic` script by name when it creates a gradebook, so .venv/bin must be on PATH.
 exercises: $(STAMP)
-	cd exercises && for ps in ps1 ps2 ps3; do \
+	cd exercises && for ps in ps1 ps2 ps3 ps4 ps5; do \
 		PATH="$(abspath $(BIN)):$$PATH" nbgrader generate_assignment $$ps --force || exit 1; \
 	done
 	$(BIN)/python tests/fixtures/grading/make_fixtures.py
+	$(BIN)/python tests/fixtures/capstone/make_fixtures.py
 
 clean:
 	rm -rf build .pytest_cache

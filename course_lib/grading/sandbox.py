@@ -246,7 +246,11 @@ def bwrap_command(
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
     args += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp"]  # first: binds below may lie under /tmp
-    args += _ro_binds(system + python_dirs + [REPO_ROOT / "course_lib", REPO_ROOT / "data"])
+    # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
+    # can read them (the capstone's baseline) and never change them.
+    args += _ro_binds(
+        system + python_dirs + [REPO_ROOT / "course_lib", REPO_ROOT / "data", REPO_ROOT / "build"]
+    )
     args += ["--dev", "/dev", "--proc", "/proc"]
     args += ["--bind", work_dir, cwd, "--bind", ipc_dir, ipc_dir]
     args += ["--remount-ro", "/", "--chdir", cwd, "--"]
