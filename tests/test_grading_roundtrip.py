@@ -305,7 +305,9 @@ def test_release_holds_no_solution_no_hidden_test_and_no_nbval_marker(ps):
 
 def test_exercises_hold_no_nbval_marker_and_use_the_python3_kernel():
     notebooks = sorted(EXERCISES.glob("*/*/*.ipynb"))
-    assert len(notebooks) == 2 * len((*PROBLEM_SETS, "ps4", "ps5"))  # ps4, ps5: tests/test_capstone_roundtrip.py
+    assert len(notebooks) == 2 * len(
+        (*PROBLEM_SETS, "ps4", "ps5")
+    )  # ps4, ps5: tests/test_capstone_roundtrip.py
     for path in [*notebooks, EXERCISES / "nbgrader_config.py"]:
         assert "NBVAL" not in path.read_text(encoding="utf-8"), path
     for path in notebooks:
