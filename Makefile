@@ -88,7 +88,8 @@ RUFF_PATHS := course_lib tests benchmarks loadtests notebooks
 
 test: $(STAMP)
 	$(BIN)/ruff check $(RUFF_PATHS)
-	$(BIN)/python -m pytest $(PYTEST_NBVAL) --doctest-modules --ignore-glob='*/__main__.py' course_lib tests notebooks
+	$(BIN)/python -m pytest -q --doctest-modules --ignore-glob='*/__main__.py' course_lib
+	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(RUFF_PATHS)
