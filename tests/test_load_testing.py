@@ -255,6 +255,9 @@ def test_generator_processes_against_a_null_server_lose_nothing():
         s = result.summary()
         assert s["sent"] == s["ok"] == len(result.requests) > 0
         assert set(result.requests["generator"]) == {0, 1}
+        assert (result.requests["lag_ms"] >= 0).all()  # never early; lateness is counted, not dropped
+        with pytest.raises(ValueError, match="warm_connections"):
+            pool.run(url, [{}], rate_rps=10.0, duration_s=0.1, warm_connections=-1)
         spike = spike_schedule(base_rps=100, spike_rps=300, before_s=0.2, spike_s=0.2, after_s=0.2, seed=2)
         shaped = pool.run(url, [{}], rate_rps=100.0, duration_s=1.0, schedule_ms=spike)
         assert shaped.summary()["sent"] == len(spike)

@@ -11,14 +11,9 @@ import pytest
 
 from course_lib.batcher import DynamicBatcher
 from course_lib.batching_rule import poisson_arrivals_ms
-from course_lib.loadgen import (
-    batcher_target,
-    capacity_table,
-    coroutine_target,
-    run_open_loop,
-    sustainable_rate,
-    sweep_rates,
-)
+from course_lib.load_targets import batcher_target, coroutine_target
+from course_lib.loadgen import run_open_loop
+from course_lib.rate_sweep import capacity_table, sustainable_rate, sweep_rates
 
 
 def run(coro, timeout_s: float = 20.0):
@@ -39,6 +34,14 @@ def test_every_scheduled_request_is_sent_once_and_recorded():
     assert (req["latency_ms"] >= 0).all()
     summary = result.summary()
     assert (summary["sent"], summary["ok"], summary["errors"]) == (200, 200, 0)
+
+
+def test_no_request_leaves_before_its_intended_send_time():
+    # The coarse timer sleep stops SPIN_WINDOW_S early and the loop then yields until the exact
+    # instant, so the send lag is never negative (early sends would make latencies look better).
+    result = run(run_open_loop(instant, rate_rps=2000.0, n_requests=300, max_duration_s=10.0, seed=5))
+    assert len(result.requests) == 300
+    assert (result.requests["lag_ms"] >= 0).all()
 
 
 def test_the_schedule_is_poisson_from_the_seed_and_starts_at_zero():
