@@ -113,14 +113,15 @@ def knee_ratios(tables: Mapping[str, pd.DataFrame], *, generator_limit_rps: floa
     -------
     DataFrame indexed by configuration with ``knee_rps``, ``knee_offered_rps``, ``first_miss_rps``
     (``course_lib.knee.find_knee``), ``ratio_to_baseline`` (NaN if the baseline met the SLO at no rung)
-    and ``generator_bound`` (knee >= the generator's limit: the ratio is then a lower bound on the
-    server's, or none at all).
+    and ``generator_bound`` (knee >= the generator's limit, or a limit of 0: the knee may then be the
+    generator's and the ratio says nothing about the server).
     """
     table = pd.DataFrame({name: find_knee(t) for name, t in tables.items()}).T
     table["knee_rps"] = table["knee_rps"].astype(float)
     base = float(table["knee_rps"].iloc[0])
     table["ratio_to_baseline"] = table["knee_rps"] / base if base > 0 else math.nan
-    table["generator_bound"] = table["knee_rps"] >= generator_limit_rps
+    # With a limit of 0 the generator kept up at no rate tried: every knee of the run is suspect.
+    table["generator_bound"] = (table["knee_rps"] >= generator_limit_rps) | (generator_limit_rps <= 0)
     return table[["knee_rps", "knee_offered_rps", "first_miss_rps", "ratio_to_baseline", "generator_bound"]]
 
 
