@@ -49,10 +49,11 @@ SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
 OUTCOMES: tuple[str, ...] = ("ok", "shed", "timeout", "error")
 #: Send lag (actual - scheduled send time) p99 above this flags a run as generator-bound (ms).
 SEND_LAG_BOUND_MS = 1.0
-#: The generator sleeps on the event loop's timer until this long before a send, then yields to the
-#: loop (``asyncio.sleep(0)``, which still handles answers) until the intended instant. Timers alone
-#: wake up to a millisecond or more late (libuv keeps time in whole ms), which would spend the whole
-#: ``SEND_LAG_BOUND_MS``; the cost is at most this much busy CPU per request (s).
+#: Default ``spin_s`` of a generator in its own process (``course_lib.generators``): it sleeps on the
+#: event loop's timer until this long before a send, then yields to the loop (``asyncio.sleep(0)``,
+#: which still handles answers) until the intended instant. Timers alone wake up to a millisecond or
+#: more late (libuv keeps time in whole ms), which would spend the whole ``SEND_LAG_BOUND_MS``; the
+#: cost is at most this much busy CPU per request (s).
 SPIN_WINDOW_S = 0.002
 
 
@@ -180,6 +181,7 @@ async def run_open_loop(
     seed: int = 0,
     request_timeout_s: float = 5.0,
     schedule_ms: Sequence[float] | np.ndarray | None = None,
+    spin_s: float = 0.0,
 ) -> LoadResult:
     """Send up to ``n_requests`` requests at Poisson times for at most ``max_duration_s`` seconds.
 
@@ -202,6 +204,11 @@ async def run_open_loop(
     schedule_ms : 1-D array of float, optional
         Intended send times in ms (non-decreasing, e.g. a spike from ``course_lib.knee.spike_schedule``)
         instead of Poisson times at ``rate_rps``; ``rate_rps`` is then only the label of the run.
+    spin_s : float >= 0
+        Sleep on the loop's timer until ``spin_s`` before each send, then yield to the loop until the
+        exact instant (``SPIN_WINDOW_S`` is the generator processes' choice). 0, the default, relies on
+        the timer alone (sends up to about a millisecond late), which is what an in-process run wants:
+        a spinning loop holds the GIL that the code under test, in the same interpreter, needs.
 
     Returns
     -------
@@ -210,12 +217,14 @@ async def run_open_loop(
     Raises
     ------
     ValueError
-        For a rate, duration or timeout that is not a finite number > 0, ``n_requests`` < 1, or a
-        schedule that is empty, not finite or decreasing.
+        For a rate, duration or timeout that is not a finite number > 0, ``n_requests`` < 1, a
+        negative ``spin_s``, or a schedule that is empty, not finite or decreasing.
     """
     rate = _check_positive("rate_rps", rate_rps)
     duration = _check_positive("max_duration_s", max_duration_s)
     timeout = _check_positive("request_timeout_s", request_timeout_s)
+    if isinstance(spin_s, bool) or not isinstance(spin_s, (int, float)) or not 0 <= spin_s < 1:
+        raise ValueError(f"spin_s must be a number of seconds in [0, 1), got {spin_s!r}")
     if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 1:
         raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
     if schedule_ms is None:
@@ -263,10 +272,10 @@ async def run_open_loop(
     tasks = []
     for i, offset in enumerate(schedule_s.tolist()):
         due = start + offset
-        wait = due - clock() - SPIN_WINDOW_S
+        wait = due - clock() - spin_s
         if wait > 0:  # the event loop's timers are coarse (whole milliseconds in uvloop/libuv) ...
             await asyncio.sleep(wait)
-        while clock() < due:  # ... so the last stretch yields to the loop until the exact instant
+        while clock() < due:  # ... so the last stretch yields to the loop until the instant (never early)
             await asyncio.sleep(0)
         tasks.append(asyncio.create_task(one(i, due)))
     if tasks:
