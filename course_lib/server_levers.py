@@ -20,7 +20,6 @@ Google SRE book, ch. 21 "Handling Overload".
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -28,8 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from course_lib.capacity_record import read_measurement, write_measurement
 from course_lib.data import DATA_DIR
-from course_lib.env import env_report
 from course_lib.knee import MAX_ERROR_RATE, find_knee, step_row
 from course_lib.loadgen import LoadResult, _check_positive
 
@@ -127,21 +126,26 @@ def knee_ratios(tables: Mapping[str, pd.DataFrame], *, generator_limit_rps: floa
 
 @dataclass(frozen=True)
 class LeverRecord:
-    """A recorded lever comparison: ``knees`` (as :func:`knee_ratios`) and where and how it was measured."""
+    """A recorded lever comparison: ``knees`` (as :func:`knee_ratios`), the file's other fields in ``meta``
+    (``generator_limit_rps``, ``p99_limit_ms``, ``ladder_rps``, ``measured_at``, ``cpu``, ``usable_cores``)."""
 
     knees: pd.DataFrame
-    generator_limit_rps: float
-    p99_limit_ms: float
-    ladder_rps: list[float]
-    measured_at: str
-    cpu: str
-    usable_cores: int
+    meta: dict
     path: Path
 
+    @property
+    def generator_limit_rps(self) -> float:
+        return float(self.meta["generator_limit_rps"])
+
+    @property
+    def ladder_rps(self) -> list[float]:
+        return [float(r) for r in self.meta["ladder_rps"]]
+
     def provenance(self) -> str:
+        m = self.meta
         return (
-            f"benchmarks/server_levers.py, {self.measured_at} on {self.cpu} ({self.usable_cores} usable cores), "
-            f"p99 limit {self.p99_limit_ms:g} ms, ladder {self.ladder_rps} req/s, generator limit "
+            f"benchmarks/server_levers.py, {m['measured_at']} on {m['cpu']} ({m['usable_cores']} usable cores), "
+            f"p99 limit {m['p99_limit_ms']:g} ms, ladder {self.ladder_rps} req/s, generator limit "
             f"{self.generator_limit_rps:,.0f} req/s; file {self.path.name}"
         )
 
@@ -155,7 +159,6 @@ def save_lever_record(
     ladder_rps: Iterable[float],
 ) -> Path:
     """Write a :func:`knee_ratios` table and its provenance (environment report) as JSON; return the path."""
-    env = env_report()
     numbers = ("knee_rps", "knee_offered_rps", "first_miss_rps", "ratio_to_baseline")
     rows = [
         {
@@ -165,20 +168,14 @@ def save_lever_record(
         }
         for name, row in knees.iterrows()
     ]
-    payload = {
-        "schema": _SCHEMA,
-        "measured_at": env.timestamp_utc,
-        "cpu": env.cpu,
-        "usable_cores": env.usable_cores,
-        "generator_limit_rps": float(generator_limit_rps),
-        "p99_limit_ms": float(p99_limit_ms),
-        "ladder_rps": [float(r) for r in ladder_rps],
-        "knees": rows,
-    }
-    file = Path(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    return file
+    return write_measurement(
+        path,
+        _SCHEMA,
+        generator_limit_rps=float(generator_limit_rps),
+        p99_limit_ms=float(p99_limit_ms),
+        ladder_rps=[float(r) for r in ladder_rps],
+        knees=rows,
+    )
 
 
 def load_lever_record(path: str | Path = RECORDED_SERVER_LEVERS) -> LeverRecord:
@@ -192,20 +189,12 @@ def load_lever_record(path: str | Path = RECORDED_SERVER_LEVERS) -> LeverRecord:
         If the file is not a server-levers record.
     """
     file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no server-levers record at {file}; run python benchmarks/server_levers.py")
-    payload = json.loads(file.read_text(encoding="utf-8"))
-    if payload.get("schema") != _SCHEMA:
-        raise ValueError(f"{file} is not a server-levers record (schema {payload.get('schema')!r})")
+    payload = read_measurement(
+        file,
+        _SCHEMA,
+        what="a server-levers record",
+        how_to_make="run python benchmarks/server_levers.py --out FILE",
+    )
     knees = pd.DataFrame(payload["knees"]).set_index("config")
     knees["generator_bound"] = knees["generator_bound"].astype(bool)
-    return LeverRecord(
-        knees,
-        payload["generator_limit_rps"],
-        payload["p99_limit_ms"],
-        payload["ladder_rps"],
-        payload["measured_at"],
-        payload["cpu"],
-        payload["usable_cores"],
-        file,
-    )
+    return LeverRecord(knees, {k: v for k, v in payload.items() if k != "knees"}, file)
