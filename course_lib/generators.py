@@ -325,26 +325,42 @@ def generator_limit(
     *,
     duration_s: float = 1.0,
     lag_bound_ms: float = SEND_LAG_BOUND_MS,
+    retries: int = 1,
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[float, pd.DataFrame]:
     """Climb ``rates_rps`` against the null server until the generator's send-lag p99 exceeds the bound.
 
+    A rate that misses is tried again (``retries`` times, next seed): one descheduling of a process on
+    a busy laptop should not end the climb, but a rate that misses every try does.
+
     Returns
     -------
     (limit_rps, table)
-        ``limit_rps``: the highest offered rate whose send-lag p99 was within ``lag_bound_ms`` and
-        whose every request succeeded (0.0 if none). ``table``: one ``LoadResult.summary()`` row per
-        rate tried, stopping at the first rate over the bound.
+        ``limit_rps``: the highest offered rate with a try whose send-lag p99 was within
+        ``lag_bound_ms`` and whose every request succeeded, every lower rate having had one too (0.0 if
+        none). ``table``: one ``LoadResult.summary()`` row per try (``attempt`` 1, 2, ...), stopping at
+        the first rate whose every try missed.
+
+    Raises
+    ------
+    ValueError
+        For a negative ``retries``.
     """
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
     rows = []
+    limit = 0.0
     for rate in sorted(float(r) for r in rates_rps):
-        result = pool.run(null_url, [{}], rate_rps=rate, duration_s=duration_s, seed=int(rate))
-        row = result.summary(lag_bound_ms=lag_bound_ms)
-        rows.append(row)
-        if on_run is not None:
-            on_run(row)
-        if not (row["generator_ok"] and row["errors"] == 0):
+        for attempt in range(1, retries + 2):
+            seed = int(rate) + 7919 * (attempt - 1)
+            result = pool.run(null_url, [{}], rate_rps=rate, duration_s=duration_s, seed=seed)
+            row = {"attempt": attempt, **result.summary(lag_bound_ms=lag_bound_ms)}
+            rows.append(row)
+            if on_run is not None:
+                on_run(row)
+            if row["generator_ok"] and row["errors"] == 0:
+                limit = rate
+                break
+        else:
             break
-    table = pd.DataFrame(rows)
-    good = table[table["generator_ok"] & (table["errors"] == 0)]
-    return (float(good["rate_rps"].max()) if len(good) else 0.0), table
+    return limit, pd.DataFrame(rows)
