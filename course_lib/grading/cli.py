@@ -2,9 +2,10 @@
 
 Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``exercises/``):
 
-``autograde PS [--student ID] [--force] [--unsafe]``
-    Checks that the kernel sandbox works (bubblewrap), refuses with the reason if not (unless
-    ``--unsafe``), runs ``nbgrader autograde PS``, then prints the screen report and the scores.
+``autograde PS [--student ID] [--force] [--sandbox auto|bwrap|unshare] [--unsafe]``
+    Checks that a kernel sandbox works (``auto``: bubblewrap, else util-linux ``unshare``), refuses
+    with the reason if none does (unless ``--unsafe``), runs ``nbgrader autograde PS`` with it, then
+    prints the screen report and the scores.
 ``report PS``
     The pre-grading screen report: per student, every normalisation, flag and withheld score.
 ``feedback PS [--full]``
@@ -25,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib.grading import _course_root, question_scores, run_nbgrader, score_table
-from course_lib.grading.sandbox import find_sandbox
+from course_lib.grading.sandbox import MECHANISMS, find_sandbox
 
 __all__ = ["main", "screen_report"]
 
@@ -62,7 +63,7 @@ def screen_report(course_root: str | os.PathLike | None, assignment: str) -> str
 
 
 def _autograde(args) -> int:
-    check = find_sandbox("none" if args.unsafe else "auto")
+    check = find_sandbox("none" if args.unsafe else args.sandbox)
     if check.mechanism is None and not args.unsafe:
         print(
             f"Refusing to autograde {args.assignment}: {check.reason}.\n"
@@ -71,15 +72,17 @@ def _autograde(args) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_SANDBOX
-    if args.unsafe:
+    if check.mechanism is not None:
+        print(f"Student kernels run in the `{check.mechanism}` sandbox.", file=sys.stderr)
+    else:
         print("WARNING: --unsafe: student code runs without a sandbox, with your rights.", file=sys.stderr)
     nbgrader_args = ["autograde", args.assignment]
     if args.student:
         nbgrader_args.append(f"--student={args.student}")
     if args.force:
         nbgrader_args.append("--force")
-    if args.unsafe:
-        nbgrader_args.append("--SandboxedKernelManager.sandbox=none")
+    # The mechanism that passed the check (nbgrader's kernels would otherwise search again).
+    nbgrader_args.append(f"--SandboxedKernelManager.sandbox={check.mechanism or 'none'}")
     done = run_nbgrader(*nbgrader_args, course_root=args.course_root, timeout_s=args.timeout_s)
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line or "There was an error" in line]
     print("\n".join(errors[-20:]) or "nbgrader autograde: no errors")
@@ -118,6 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     grade.add_argument("assignment")
     grade.add_argument("--student", default=None, help="grade only this student")
     grade.add_argument("--force", action="store_true", help="grade again submissions already graded")
+    grade.add_argument(
+        "--sandbox",
+        choices=("auto", *MECHANISMS),
+        default="auto",
+        help="sandbox mechanism (auto: bubblewrap, else unshare)",
+    )
     grade.add_argument(
         "--unsafe", action="store_true", help="grade without a sandbox (student code gets your rights)"
     )
