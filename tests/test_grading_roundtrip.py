@@ -91,10 +91,8 @@ def _validate(path: Path) -> dict:
         return Validator().validate(str(path))
 
 
-@pytest.fixture(scope="module")
-def course(tmp_path_factory) -> Path:
-    """A copy of the course root with the committed source and release, and no gradebook."""
-    root = tmp_path_factory.mktemp("course") / "exercises"
+def _copy_course(root: Path) -> Path:
+    """Copy the course root to ``root``: committed source and release, no gradebook or grading output."""
     shutil.copytree(
         EXERCISES,
         root,
@@ -112,6 +110,12 @@ def course(tmp_path_factory) -> Path:
     )
     assert not (root / "gradebook.db").exists()
     return root
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    """A copy of the course root with the committed source and release, and no gradebook."""
+    return _copy_course(tmp_path_factory.mktemp("course") / "exercises")
 
 
 @pytest.fixture(scope="module")
@@ -597,3 +601,49 @@ def test_feedback_says_whether_hidden_checks_passed_and_the_full_version_is_for_
     assert done.returncode == 0, done.stderr[-3000:]
     full = _html_text(graded["root"] / "feedback_full" / "partly-wrong" / "ps1" / "ps1.html")
     assert any(line in full for line in _secret_lines("ps1")), "the scan above would see a leak"
+
+
+# --- the same class under the unshare sandbox (what runs where bubblewrap is missing) --------------------
+
+#: ps1 submissions graded again under ``unshare``: honest, a kernel that kills itself, and three that
+#: attack the grader (read other assignments, rewrite course_lib, a daemon rewriting the gradebook).
+UNSHARE_CLASS = ("full-marks", "kill-kernel", "exfiltration", "course-lib-tamper", "gradebook-daemon")
+
+
+def test_the_unshare_sandbox_grades_like_bubblewrap_and_protects_the_same_files(tmp_path):
+    root = _copy_course(tmp_path / "exercises")
+    done = run_nbgrader("generate_assignment", "ps1", "--force", course_root=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for student in UNSHARE_CLASS:
+        shutil.copytree(FIXTURES / "submitted" / student / "ps1", root / "submitted" / student / "ps1")
+    before = _protected(root)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_lib.grading",
+            "autograde",
+            "ps1",
+            "--sandbox",
+            "unshare",
+            "--course-root",
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=900,
+    )
+    assert done.returncode == 0 and "run in the `unshare` sandbox" in done.stderr, done.stderr[-3000:]
+    assert _protected(root) == before, "student code changed source/, course_lib or site-packages"
+    assert _processes_with(DAEMON_MARKER) == [], "the daemon outlived its kernel"
+    expected = pd.read_csv(FIXTURES / "expected_question_scores.csv")
+    expected = expected[(expected.assignment == "ps1") & expected.student_id.isin(UNSHARE_CLASS)]
+    assert question_scores(root, "ps1").to_csv(index=False) == expected.to_csv(index=False)
+    for student in ("course-lib-tamper", "gradebook-daemon"):
+        assert _report(root, "ps1", student)["withheld_scores"]["ps1"] == FLAGGED[(student, "ps1")]
+    stolen = _read(root / "autograded" / "exfiltration" / "ps1" / "ps1.ipynb")
+    text = _cell_outputs_text(stolen, "q4_answer")
+    assert "could not read ../../../source/ps3/ps3.ipynb FileNotFoundError" in text, text
+    assert not [line for line in _assignment_lines("ps3") if line in text]
