@@ -11,6 +11,9 @@ Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``
 ``feedback PS [--full]``
     ``nbgrader generate_feedback PS``: hidden tests as pass/fail only; ``--full`` writes the
     instructor's version with hidden tests into ``feedback_full/`` instead.
+``validate NOTEBOOK [...]`` (for students)
+    Runs each notebook and checks it as the autograder will: a check fails only if it raises
+    (warnings and log messages do not count); exits 1 if any fails.
 ``scores [PS ...]`` (also the default: ``python -m course_lib.grading ps1``)
     Per-question score tables.
 """
@@ -30,7 +33,7 @@ from course_lib.grading.sandbox import MECHANISMS, find_sandbox
 
 __all__ = ["main", "screen_report"]
 
-COMMANDS = ("autograde", "report", "feedback", "scores")
+COMMANDS = ("autograde", "report", "feedback", "validate", "scores")
 #: Exit status when autograde refuses to run without a sandbox.
 EXIT_NO_SANDBOX = 3
 
@@ -103,6 +106,16 @@ def _feedback(args) -> int:
     return done.returncode
 
 
+def _validate(args) -> int:
+    from course_lib.grading.validate import validate_notebook
+
+    failed = 0
+    for notebook in args.notebooks:
+        print(f"== {notebook}", flush=True)
+        failed += bool(validate_notebook(notebook, print_results=True))
+    return 1 if failed else 0
+
+
 def _print_scores(course_root, assignments: list[str]) -> None:
     names = assignments or sorted(set(question_scores(course_root)["assignment"]))
     with pd.option_context("display.width", 200, "display.max_columns", 50):
@@ -136,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     feedback = commands.add_parser("feedback", help="feedback without hidden tests (--full: with them)")
     feedback.add_argument("assignment")
     feedback.add_argument("--full", action="store_true", help="instructor version into feedback_full/")
+    check = commands.add_parser("validate", help="(students) check notebooks as the autograder will")
+    check.add_argument("notebooks", nargs="+", help="the .ipynb files to check")
     scores = commands.add_parser("scores", help="per-question score tables")
     scores.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
     for sub in (grade, report, feedback, scores):
@@ -148,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
         status = 0
     elif args.command == "feedback":
         status = _feedback(args)
+    elif args.command == "validate":
+        status = _validate(args)
     else:
         _print_scores(args.course_root, args.assignments)
         status = 0
