@@ -165,6 +165,18 @@ def _processes_with(marker: bytes) -> list[int]:
     return found
 
 
+def _grading_command(*args: str) -> subprocess.CompletedProcess:
+    """``python -m course_lib.grading ARGS`` as an instructor runs it, with this checkout's course_lib."""
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib.grading", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=1800,
+    )
+
+
 @pytest.fixture(scope="module")
 def graded(generated) -> dict:
     """Collect the fixture class, autograde each problem set once, write feedback and grades.csv."""
@@ -177,22 +189,7 @@ def graded(generated) -> dict:
     autograde = {
         ps: run_nbgrader("autograde", ps, course_root=generated) for ps in PROBLEM_SETS if ps != CLI_PS
     }
-    autograde[CLI_PS] = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course_lib.grading",
-            "autograde",
-            CLI_PS,
-            "--course-root",
-            str(generated),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=1800,
-    )
+    autograde[CLI_PS] = _grading_command("autograde", CLI_PS, "--course-root", str(generated))
     gradebook_after_autograde = hashlib.sha256((generated / "gradebook.db").read_bytes()).hexdigest()
     survivors = _processes_with(DAEMON_MARKER)
     feedback = {ps: run_nbgrader("generate_feedback", ps, course_root=generated) for ps in PROBLEM_SETS}
@@ -496,13 +493,8 @@ def test_the_autograde_command_prints_the_screen_report_and_the_scores(graded):
 
 
 def test_screen_report_command_lists_normalisations_flags_and_withheld_scores(graded):
-    done = subprocess.run(
-        [sys.executable, "-m", "course_lib.grading", "report", "ps1", "--course-root", str(graded["root"])],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    done = _grading_command("report", "ps1", "--course-root", str(graded["root"]))
+    assert done.returncode == 0, done.stderr[-3000:]
     blocks = {block.split("\n")[0]: block for block in done.stdout.split("\n") if block}
     assert "gradebook-daemon" in done.stdout and "FLAGGED: cell" in done.stdout
     assert "starts processes (subprocess)" in done.stdout
@@ -617,24 +609,7 @@ def test_the_unshare_sandbox_grades_like_bubblewrap_and_protects_the_same_files(
     for student in UNSHARE_CLASS:
         shutil.copytree(FIXTURES / "submitted" / student / "ps1", root / "submitted" / student / "ps1")
     before = _protected(root)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course_lib.grading",
-            "autograde",
-            "ps1",
-            "--sandbox",
-            "unshare",
-            "--course-root",
-            str(root),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=900,
-    )
+    done = _grading_command("autograde", "ps1", "--sandbox", "unshare", "--course-root", str(root))
     assert done.returncode == 0 and "run in the `unshare` sandbox" in done.stderr, done.stderr[-3000:]
     assert _protected(root) == before, "student code changed source/, course_lib or site-packages"
     assert _processes_with(DAEMON_MARKER) == [], "the daemon outlived its kernel"
