@@ -26,8 +26,9 @@ from course_lib import env_report
 from course_lib.batching_service import run_server
 from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 from course_lib.feature_store import FeatureStore
-from course_lib.loadgen import batcher_target, capacity_table, http_client_target, sweep_rates
+from course_lib.load_targets import batcher_target, http_client_target
 from course_lib.model import load_or_train_churn_model
+from course_lib.rate_sweep import capacity_table, sweep_rates
 from course_lib.service import native_forward, onnx_forward
 
 BASELINE = "one call per request"

@@ -20,7 +20,8 @@ import pandas as pd
 
 from course_lib import env_report
 from course_lib.generators import GeneratorPool, serve_null
-from course_lib.loadgen import SEND_LAG_BOUND_MS, http_client_target, run_open_loop
+from course_lib.load_targets import http_client_target
+from course_lib.loadgen import SEND_LAG_BOUND_MS, run_open_loop
 
 RATES_RPS = (100, 260, 520, 1000, 2000, 4000)
 

@@ -17,7 +17,9 @@ scheduled Sunday batch job on a spot instance"), run for real:
   that is interrupted restarts from the first missing part: no row is scored twice or lost.
   ``_SUCCESS`` (a JSON summary) is written last.
 
-Memory is bounded by the chunk, not by the population.
+Memory is bounded by the chunk, not by the population. This module is the job (plan, resume, write);
+reading the store is :mod:`course_lib.offline_store`, checking rows and scoring a chunk is
+:mod:`course_lib.batch_scorers`; their public names are re-exported here.
 
 Command line: ``python -m course_lib.batch_scoring --customers 1000000 --out build/scores``
 (``--help`` lists the options).
@@ -36,10 +38,8 @@ import datetime as dt
 import json
 import os
 import resource
-import sqlite3
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,9 +49,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from course_lib.bench import compare_latency
-from course_lib.data import CATEGORICAL_LEVELS, DATA_DIR, FEATURE_COLUMNS, ID_COLUMN, make_customers
-from course_lib.feature_schema import NUMERIC_SCHEMA
+from course_lib.batch_scorers import RUNTIMES, choose_runtime, make_scorer, row_problems
+from course_lib.data import FEATURE_COLUMNS, ID_COLUMN
+from course_lib.offline_store import DEFAULT_CHUNK_ROWS, build_parquet_store, check_store, iter_store_chunks
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
@@ -69,8 +69,6 @@ __all__ = [
     "score_store",
 ]
 
-DEFAULT_CHUNK_ROWS = 100_000
-RUNTIMES = ("xgboost", "onnxruntime")
 #: Source lesson 000: 1,000,000 records in 12 minutes.
 SEED_000_ROWS_PER_S = 1_000_000 / (12 * 60)
 _OUT_SCHEMA = pa.schema(
@@ -104,208 +102,6 @@ class JobSummary:
 def _peak_rss_mib() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
-
-
-def build_parquet_store(
-    n_customers: int = 1_000_000,
-    seed: int = 0,
-    *,
-    folder: str | Path | None = None,
-    generate_rows: int = 1_000_000,
-    row_group_rows: int = DEFAULT_CHUNK_ROWS,
-) -> Path:
-    """Write a synthetic population's ids and 19 features to one Parquet file (reused if present).
-
-    Customers are generated ``generate_rows`` at a time: block ``k`` is ``make_customers(rows, seed + k)``
-    with ids continuing from the previous block, so up to ``generate_rows`` customers the store holds
-    exactly the population of the Lesson 2 SQLite store, and larger stores need only one block in
-    memory. Written to a temporary file and renamed when complete. Row groups of ``row_group_rows``
-    let a reader (or a Dask task) take one range without reading the rest.
-
-    Raises ``ValueError`` for non-positive sizes.
-    """
-    for name, value in (
-        ("n_customers", n_customers),
-        ("generate_rows", generate_rows),
-        ("row_group_rows", row_group_rows),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    base = Path(folder) if folder is not None else DATA_DIR.parent / "build" / "offline_store"
-    path = base / f"customers_n{n_customers}_seed{seed}_rg{row_group_rows}.parquet"
-    if path.is_file():
-        return path
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    width = max(7, len(str(n_customers)))
-    schema = None
-    with pq.ParquetWriter(tmp, _store_schema()) as writer:
-        for k, start in enumerate(range(0, n_customers, generate_rows)):
-            rows = min(generate_rows, n_customers - start)
-            block = make_customers(rows, seed + k)[[ID_COLUMN, *FEATURE_COLUMNS]]
-            block[ID_COLUMN] = [f"SC-{i:0{width}d}" for i in range(start + 1, start + rows + 1)]
-            table = pa.Table.from_pandas(block, schema=schema or _store_schema(), preserve_index=False)
-            writer.write_table(table, row_group_size=row_group_rows)
-    os.replace(tmp, path)
-    return path
-
-
-def _store_schema() -> pa.Schema:
-    fields = [pa.field(ID_COLUMN, pa.string())]
-    for name in FEATURE_COLUMNS:
-        if name in CATEGORICAL_LEVELS:
-            fields.append(pa.field(name, pa.string()))
-        elif name in ("monthly_charges", "total_charges"):
-            fields.append(pa.field(name, pa.float64()))
-        else:
-            fields.append(pa.field(name, pa.int64()))
-    return pa.schema(fields)
-
-
-def iter_store_chunks(
-    source: str | Path, chunk_rows: int = DEFAULT_CHUNK_ROWS
-) -> Iterator[tuple[int, pd.DataFrame]]:
-    """Yield ``(chunk_index, frame)`` with ``customer_id`` and the 19 features, ``chunk_rows`` at a time.
-
-    ``source`` is a ``.parquet`` offline store or a ``.sqlite`` feature store. Raises
-    ``FileNotFoundError`` if it does not exist and ``ValueError`` for another suffix or ``chunk_rows < 1``.
-    """
-    path = Path(source)
-    _check_store(path, chunk_rows)
-    columns = [ID_COLUMN, *FEATURE_COLUMNS]
-    if path.suffix == ".parquet":
-        batches = pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns)
-        for i, batch in enumerate(batches):
-            yield i, batch.to_pandas()
-    elif path.suffix == ".sqlite":
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            last = con.execute("SELECT MAX(rowid) FROM features").fetchone()[0] or 0
-            sql = f"SELECT {', '.join(columns)} FROM features WHERE rowid > ? AND rowid <= ? ORDER BY rowid"
-            for i, lo in enumerate(range(0, last, chunk_rows)):
-                yield i, pd.DataFrame(con.execute(sql, (lo, lo + chunk_rows)).fetchall(), columns=columns)
-        finally:
-            con.close()
-
-
-def _shown(value: object) -> str:
-    plain = value.item() if isinstance(value, np.generic) else value
-    return repr(plain)
-
-
-def row_problems(X: pd.DataFrame) -> np.ndarray:
-    """Per row, the first schema violation as text (``None`` for a valid row), shape ``(len(X),)``.
-
-    The same ranges as :func:`course_lib.feature_schema.check_frame`, row by row instead of raising on
-    the first: a missing or repeated ``customer_id`` (within the chunk; ids are unique across a store
-    built by :func:`build_parquet_store`), a missing flag or category, an unknown category, a number outside its range, a
-    non-integer where an integer is required. Missing ``tenure``/charges are allowed (the model
-    handles them), as the schema says.
-    """
-    reasons = np.full(len(X), None, dtype=object)
-    ids = X[ID_COLUMN]
-    reasons[ids.isna().to_numpy()] = f"{ID_COLUMN} is missing"
-    repeated = ids.duplicated(keep="first").to_numpy() & ids.notna().to_numpy()
-    reasons[repeated] = f"{ID_COLUMN} appears earlier in the same chunk"
-    for name, spec in NUMERIC_SCHEMA.items():
-        values = pd.to_numeric(X[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        not_number = X[name].notna().to_numpy() & np.isnan(values)
-        missing = X[name].isna().to_numpy()
-        bad = not_number | (
-            ~np.isnan(values) & ((values < spec.low) | (values > spec.high) | ~np.isfinite(values))
-        )
-        if spec.integer:
-            bad |= ~np.isnan(values) & np.isfinite(values) & (values != np.round(values))
-        if not spec.missing_allowed:
-            bad |= missing
-        for i in np.flatnonzero(bad & (reasons == None)):  # noqa: E711 (elementwise on an object array)
-            reasons[i] = f"{name}={_shown(X[name].iloc[i])}: must be {spec.describe()}"
-    for name, levels in CATEGORICAL_LEVELS.items():
-        bad = ~X[name].isin(levels).to_numpy()
-        for i in np.flatnonzero(bad & (reasons == None)):  # noqa: E711
-            reasons[i] = f"{name}={_shown(X[name].iloc[i])}: must be one of {list(levels)}"
-    return reasons
-
-
-def _served_iteration_range(clf: object) -> tuple[int, int]:
-    """The trees ``predict_proba`` uses: up to the best iteration of an early-stopped model, else all."""
-    try:
-        return 0, int(clf.best_iteration) + 1
-    except AttributeError:  # trained without early stopping
-        return 0, 0
-
-
-def _xgboost_batch_scorer(pipeline: object, threads: int):
-    """Encode with the fitted one-hot categories in NumPy, then ``inplace_predict`` on the booster.
-
-    The same numbers as ``pipeline.predict_proba`` (a test checks it), several times faster on large
-    chunks: scikit-learn's ``OneHotEncoder.transform`` maps strings to codes one value at a time in
-    Python, ``pandas.Categorical`` does it in C. Only rows that passed :func:`row_problems` reach it.
-    """
-    pre, clf = pipeline.named_steps["preprocess"], pipeline[-1]
-    (_, encoder, cat_cols), (_, _, num_cols) = pre.transformers_[0], pre.transformers_[1]
-    categories = [list(c) for c in encoder.categories_]
-    width = sum(len(c) for c in categories) + len(num_cols)
-    booster, iterations = clf.get_booster().copy(), _served_iteration_range(clf)
-    booster.set_param({"nthread": threads})  # a copy: the served model keeps its own thread setting
-
-    def score(X: pd.DataFrame) -> np.ndarray:
-        encoded = np.zeros((len(X), width), dtype=np.float32)
-        col = 0
-        for name, levels in zip(cat_cols, categories, strict=True):
-            codes = pd.Categorical(X[name], categories=levels).codes
-            if (codes < 0).any():
-                raise ValueError(
-                    f"column {name!r} holds a level outside {levels}; check rows with row_problems"
-                )
-            encoded[np.arange(len(X)), col + codes] = 1.0
-            col += len(levels)
-        encoded[:, col:] = X[list(num_cols)].to_numpy(dtype=np.float32, na_value=np.nan)
-        margin = booster.inplace_predict(encoded, iteration_range=iterations, predict_type="value")
-        return np.asarray(margin, dtype=np.float64).reshape(len(X), -1)[:, -1]
-
-    return score
-
-
-def make_scorer(model: object, runtime: str, *, onnx_model: object | None = None, threads: int = 1):
-    """A function ``DataFrame of the 19 features -> churn probabilities (float64, shape (n,))``.
-
-    ``runtime="xgboost"``: the fitted pipeline's encoding and booster (:func:`_xgboost_batch_scorer`);
-    ``"onnxruntime"``: a pinned one-thread session of ``onnx_model`` (exported from the pipeline if not
-    given). ``threads``: XGBoost ``nthread`` or ONNX Runtime ``intra_op_num_threads`` (a batch job that
-    owns the machine may use every core; the online service stays at 1). Raises ``ValueError`` for
-    another runtime or ``threads < 1``.
-    """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-    if runtime == "xgboost":
-        return _xgboost_batch_scorer(model.pipeline, threads)
-    if runtime == "onnxruntime":
-        from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-
-        onnx_model = onnx_model if onnx_model is not None else pipeline_to_onnx(model.pipeline)
-        scorer = OnnxChurnScorer(make_session(onnx_model, intra_op_num_threads=threads))
-        return lambda X: np.asarray(scorer.predict_proba(X), dtype=np.float64)
-    raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-
-
-def choose_runtime(
-    model: object, sample: pd.DataFrame, *, rounds: int = 3, threads: int = 1
-) -> tuple[str, pd.DataFrame]:
-    """Time both runtimes on ``sample`` (one chunk) side by side; return the faster and the table.
-
-    Uses :func:`course_lib.bench.compare_latency` (interleaved rounds, one warm-up call each).
-    """
-    X = sample[list(FEATURE_COLUMNS)]
-    scorers = {r: make_scorer(model, r, threads=threads) for r in RUNTIMES}
-    table = compare_latency(
-        {r: (lambda f=f: f(X)) for r, f in scorers.items()},
-        n_calls=1,
-        rounds=rounds,
-        warmup_calls=1,
-        items_per_call=len(X),
-    )
-    return str(table["median_us"].idxmin()), table
 
 
 def score_frame(
@@ -366,28 +162,6 @@ def claim_output_dir(out_dir: str | Path, plan: dict) -> Path:
     return out
 
 
-def _check_store(source: str | Path, chunk_rows: int) -> None:
-    """Refuse a missing store, a bad chunk size or a store without the id and feature columns."""
-    path = Path(source)
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
-    if not path.is_file():
-        raise FileNotFoundError(f"store not found: {path}")
-    if path.suffix == ".parquet":
-        names = set(pq.ParquetFile(path).schema_arrow.names)
-    elif path.suffix == ".sqlite":
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            names = {row[1] for row in con.execute("PRAGMA table_info(features)")}
-        finally:
-            con.close()
-    else:
-        raise ValueError(f"source must be a .parquet or .sqlite store, got {path.name!r}")
-    missing = [c for c in (ID_COLUMN, *FEATURE_COLUMNS) if c not in names]
-    if missing:
-        raise ValueError(f"store {path.name} lacks the columns {missing}")
-
-
 def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(table, tmp)
@@ -413,7 +187,7 @@ def score_store(
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
     scorer = make_scorer(model, runtime, threads=threads)
-    _check_store(source, chunk_rows)
+    check_store(source, chunk_rows)
     plan = {
         "source": str(Path(source).resolve()),
         "chunk_rows": chunk_rows,
@@ -421,7 +195,6 @@ def score_store(
         "runtime": runtime,
     }
     out = claim_output_dir(out_dir, plan)
-    scorer = make_scorer(model, runtime, threads=threads)
     scored_at = dt.datetime.now(dt.UTC)
     counts = {"read": 0, "scored": 0, "rejected": 0, "chunks": 0, "resumed": 0, "resumed_rows": 0}
     start = time.perf_counter()

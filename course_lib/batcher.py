@@ -6,6 +6,10 @@ next_batch_size``): send a full (or preferred-size) batch at once, otherwise wai
 request has waited ``max_queue_delay_ms``, and with a delay of 0 never wait. Each caller gets back its
 value together with its own queue wait and the size of the batch it rode in.
 
+This module is the scheduling (when a batch leaves, which instance scores it, shutdown); the queue with
+its de-duplication is :mod:`course_lib.batcher_queue`, the results, errors and counters are
+:mod:`course_lib.batcher_results` (re-exported here).
+
 Design decisions
 ----------------
 * **Bounded queue, fail fast.** When ``max_queue_size`` requests are waiting, ``submit`` raises
@@ -45,12 +49,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
 
+from course_lib.batcher_queue import QueueEntry, RequestQueue
+from course_lib.batcher_results import (
+    BatchedResult,
+    BatcherClosedError,
+    BatcherStats,
+    BatchScoringError,
+    QueueFullError,
+)
 from course_lib.batching_rule import check_batching_params, next_batch_size
 from course_lib.server_config import DEFAULTS
 
@@ -65,80 +75,6 @@ __all__ = [
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class QueueFullError(RuntimeError):
-    """The batcher's queue holds ``max_queue_size`` requests; this one was rejected, not queued."""
-
-
-class BatcherClosedError(RuntimeError):
-    """The batcher is stopped (or stopping): the request was not, or will not be, scored."""
-
-
-class BatchScoringError(RuntimeError):
-    """The model call for the batch this request rode in failed; ``__cause__`` holds the original error."""
-
-
-@dataclass(frozen=True)
-class BatchedResult(Generic[R]):
-    """One request's answer and how it was served.
-
-    Attributes
-    ----------
-    value : the score function's output for this request's item.
-    queue_wait_ms : float
-        From ``submit`` to the moment its batch was handed to the model, ms.
-    service_ms : float
-        Duration of the model call for the whole batch, ms.
-    batch_size : int
-        Items in that model call (distinct items: duplicates share one row).
-    batch_requests : int
-        Requests answered by that call (>= batch_size when duplicates joined).
-    batch_id : int
-        Sequence number of the batch, from 0.
-    trigger : str
-        Why the batch left when it did (see ``course_lib.simulator.TRIGGERS``; ``"shutdown_drain"``
-        when ``stop(drain=True)`` flushed it).
-    deduplicated : bool
-        True if this request joined an identical queued request instead of adding a row.
-    """
-
-    value: R
-    queue_wait_ms: float
-    service_ms: float
-    batch_size: int
-    batch_requests: int
-    batch_id: int
-    trigger: str
-    deduplicated: bool
-
-
-@dataclass
-class BatcherStats:
-    """Counters since start: every submitted request ends in exactly one of completed, failed,
-    rejected_queue_full, closed_before_scoring or cancelled_by_caller (``deduplicated`` counts the
-    submitted requests that joined an identical queued one)."""
-
-    submitted: int = 0
-    completed: int = 0
-    failed: int = 0
-    rejected_queue_full: int = 0
-    closed_before_scoring: int = 0
-    cancelled_by_caller: int = 0
-    deduplicated: int = 0
-    batches: int = 0
-    items_scored: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-@dataclass(eq=False)  # identity, not field equality: two equal items are two entries
-class _Entry:
-    item: Any
-    key: Hashable | None
-    arrival_ns: int
-    waiters: list[tuple[asyncio.Future, int]] = field(default_factory=list)
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -207,9 +143,6 @@ class DynamicBatcher(Generic[T, R]):
         self.run_in_thread = bool(run_in_thread)
         self._score_batch = score_batch
         self._dedup_key = dedup_key
-        self._queue: deque[_Entry] = deque()
-        self._queued_keys: dict[Hashable, _Entry] = {}
-        self._waiting = 0
         self._wake: asyncio.Event | None = None
         self._workers: list[asyncio.Task] = []
         self._executors: list[ThreadPoolExecutor] = []
@@ -217,6 +150,7 @@ class DynamicBatcher(Generic[T, R]):
         self._drain = False
         self._next_batch_id = 0
         self.stats = BatcherStats()
+        self._queue = RequestQueue(self.stats)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> DynamicBatcher[T, R]:
@@ -258,7 +192,9 @@ class DynamicBatcher(Generic[T, R]):
         self._state = "stopping"
         self._drain = drain
         if not drain:
-            self._fail_queued(BatcherClosedError("the batcher is shutting down; this request was not scored"))
+            self._queue.fail_all(
+                BatcherClosedError("the batcher is shutting down; this request was not scored")
+            )
         assert self._wake is not None
         self._wake.set()
         _done, pending = await asyncio.wait(self._workers, timeout=timeout_s)
@@ -266,7 +202,7 @@ class DynamicBatcher(Generic[T, R]):
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        self._fail_queued(BatcherClosedError("the batcher stopped before this request was scored"))
+        self._queue.fail_all(BatcherClosedError("the batcher stopped before this request was scored"))
         for executor in self._executors:
             executor.shutdown(wait=False, cancel_futures=True)
         self._state = "stopped"
@@ -280,7 +216,7 @@ class DynamicBatcher(Generic[T, R]):
     @property
     def queue_len(self) -> int:
         """Requests waiting (duplicates included), not counting a batch being scored."""
-        return self._waiting
+        return self._queue.waiting
 
     @property
     def running(self) -> bool:
@@ -302,75 +238,27 @@ class DynamicBatcher(Generic[T, R]):
         if self._state != "running":
             raise BatcherClosedError(f"the batcher is {self._state}; call start() first or create a new one")
         self.stats.submitted += 1
-        if self._waiting >= self.max_queue_size:
+        if self._queue.waiting >= self.max_queue_size:
             self.stats.rejected_queue_full += 1
             raise QueueFullError(
-                f"queue full: {self._waiting} requests waiting (max_queue_size={self.max_queue_size}); "
+                f"queue full: {self._queue.waiting} requests waiting (max_queue_size={self.max_queue_size}); "
                 "retry later or add capacity"
             )
         now_ns = time.perf_counter_ns()
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         key = self._dedup_key(item) if self._dedup_key is not None else None
-        entry = self._queued_keys.get(key) if key is not None else None
-        if entry is not None:
-            entry.waiters.append((future, now_ns))
-            self.stats.deduplicated += 1
-        else:
-            entry = _Entry(item, key, now_ns, [(future, now_ns)])
-            self._queue.append(entry)
-            if key is not None:
-                self._queued_keys[key] = entry
-        self._waiting += 1
+        entry = self._queue.add(item, key, future, now_ns)
         assert self._wake is not None
         self._wake.set()
         try:
             return await future
         except asyncio.CancelledError:
-            self._withdraw(entry, future)
+            if self._queue.withdraw(entry, future) and self._wake is not None:
+                self._wake.set()  # the oldest request may have changed: recompute the deadline
             raise
 
     # ------------------------------------------------------------------ internals
-    def _withdraw(self, entry: _Entry, future: asyncio.Future) -> None:
-        """The caller of ``future`` cancelled: free its queue slot now if its entry is still queued.
-
-        A queued entry loses this waiter; an entry left with no waiters leaves the queue, so it
-        never reaches the model. Counted once in ``cancelled_by_caller`` here; a caller whose batch
-        is already being scored is counted when that batch resolves (``_resolve``).
-        """
-        waiter = next((w for w in entry.waiters if w[0] is future), None)
-        if waiter is None or not any(e is entry for e in self._queue):
-            return  # already taken by a worker (or failed by stop): counted there
-        entry.waiters.remove(waiter)
-        self._waiting -= 1
-        self.stats.cancelled_by_caller += 1
-        if not entry.waiters:
-            self._queue.remove(entry)
-            if entry.key is not None and self._queued_keys.get(entry.key) is entry:
-                del self._queued_keys[entry.key]
-        if self._wake is not None:
-            self._wake.set()  # the oldest request may have changed: recompute the deadline
-
-    def _fail_queued(self, error: BatcherClosedError) -> None:
-        while self._queue:
-            entry = self._queue.popleft()
-            for future, _ in entry.waiters:
-                if future.cancelled():
-                    self.stats.cancelled_by_caller += 1
-                elif not future.done():
-                    future.set_exception(BatcherClosedError(str(error)))
-                    self.stats.closed_before_scoring += 1
-        self._queued_keys.clear()
-        self._waiting = 0
-
-    def _take(self, size: int) -> list[_Entry]:
-        entries = [self._queue.popleft() for _ in range(size)]
-        for entry in entries:
-            if entry.key is not None:
-                self._queued_keys.pop(entry.key, None)
-            self._waiting -= len(entry.waiters)
-        return entries
-
-    async def _next_batch(self, freed_ns: int | None) -> tuple[list[_Entry], str, int] | None:
+    async def _next_batch(self, freed_ns: int | None) -> tuple[list[QueueEntry], str, int] | None:
         loop = asyncio.get_running_loop()
         assert self._wake is not None
         while True:
@@ -382,7 +270,7 @@ class DynamicBatcher(Generic[T, R]):
                 freed_ns = None
                 continue
             now_ns = time.perf_counter_ns()
-            oldest_ms = self._queue[0].arrival_ns / 1e6
+            oldest_ms = self._queue.oldest_arrival_ns / 1e6
             if self._state != "running":  # draining: flush without waiting
                 size, trigger = min(len(self._queue), self.max_batch_size), "shutdown_drain"
             else:
@@ -398,7 +286,7 @@ class DynamicBatcher(Generic[T, R]):
                 deadline_ms = oldest_ms + self.max_queue_delay_ms
                 if trigger == "max_queue_delay" and freed_ns is not None and freed_ns / 1e6 > deadline_ms:
                     trigger = "instance_free"
-                return self._take(size), str(trigger), now_ns
+                return self._queue.take(size), str(trigger), now_ns
             wait_s = (oldest_ms + self.max_queue_delay_ms - now_ns / 1e6) / 1e3
             self._wake.clear()
             timer = loop.call_later(max(wait_s, 0.0), self._wake.set)
@@ -454,7 +342,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def _resolve(
         self,
-        entries: list[_Entry],
+        entries: list[QueueEntry],
         values: Sequence[Any] | None,
         error: BaseException | None,
         meta: dict[str, Any] | None = None,

@@ -1,6 +1,6 @@
 """What a load-test ladder says about a batching gain, and Amdahl's bound on that gain.
 
-A ``capacity_table`` (``course_lib.loadgen``) gives each configuration's ``sustained_rps`` (the highest
+A ``capacity_table`` (``course_lib.rate_sweep``) gives each configuration's ``sustained_rps`` (the highest
 rung of the rate ladder that met the p99 limit) and ``first_failed_rps`` (the lowest rung where every
 try missed; NaN if the configuration met every rung). Its true capacity lies between the two, so the
 gain of a batched configuration over a baseline is only known to lie in an interval:
@@ -66,7 +66,7 @@ def gain_verdict(capacity: pd.DataFrame, baselines: Sequence[str], batched: str)
 
     Parameters
     ----------
-    capacity : DataFrame from ``course_lib.loadgen.capacity_table``, indexed by target, with
+    capacity : DataFrame from ``course_lib.rate_sweep.capacity_table``, indexed by target, with
         ``sustained_rps`` and ``first_failed_rps`` (requests/s).
     baselines : names of the one-call-per-request targets; the one that sustained most is used.
     batched : name of the batched target.

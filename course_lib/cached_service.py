@@ -343,7 +343,8 @@ async def measure_dedup(
     """
     from course_lib.batcher import DynamicBatcher
     from course_lib.batching_service import customer_key
-    from course_lib.loadgen import coroutine_target, run_open_loop
+    from course_lib.load_targets import coroutine_target
+    from course_lib.loadgen import run_open_loop
     from course_lib.percentiles import percentiles
 
     if len(records) == 0:

@@ -6,7 +6,9 @@ per request and with dynamic batching) and finds the highest rate each sustains 
 to JSON; :func:`load_http_capacity` reads it back. Each run of Lesson 3 writes
 ``build/lesson3/http_capacity.json`` (:data:`LESSON3_RECORD`); the release's recorded run is
 ``data/measurements/http_capacity.json`` (:data:`RECORDED_HTTP_CAPACITY`), which Lesson 5 uses so
-that its stored outputs do not depend on whether you ran Lesson 3 first.
+that its stored outputs do not depend on whether you ran Lesson 3 first. :func:`write_measurement` and
+:func:`read_measurement` are the record format itself (schema + provenance + fields), shared with the
+other recorded benchmarks (``course_lib.server_levers``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ __all__ = [
     "RECORDED_HTTP_CAPACITY",
     "HttpCapacityRecord",
     "load_http_capacity",
+    "read_measurement",
     "save_http_capacity",
+    "write_measurement",
 ]
 
 LESSON3_RECORD = DATA_DIR.parent / "build" / "lesson3" / "http_capacity.json"
@@ -76,7 +80,6 @@ def save_http_capacity(
     missing = [c for c in _COLUMNS if c not in capacity.columns]
     if missing:
         raise ValueError(f"capacity lacks the columns {missing}")
-    env = env_report()
     rows = [
         {
             "runtime": runtime,
@@ -85,19 +88,52 @@ def save_http_capacity(
         }
         for (runtime, target), row in capacity.iterrows()
     ]
+    return write_measurement(
+        path,
+        _SCHEMA,
+        p99_limit_ms=float(p99_limit_ms),
+        ladder_rps=[float(r) for r in ladder_rps],
+        capacity=rows,
+    )
+
+
+def write_measurement(path: str | Path, schema: str, **fields: object) -> Path:
+    """Write a measurement record as JSON: ``schema``, when and on what it was measured, then ``fields``.
+
+    The provenance (``measured_at``, ``cpu``, ``usable_cores``) comes from ``course_lib.env.env_report``
+    at the time of writing. Returns the path (its folder is created if needed).
+    """
+    env = env_report()
     payload = {
-        "schema": _SCHEMA,
+        "schema": schema,
         "measured_at": env.timestamp_utc,
         "cpu": env.cpu,
         "usable_cores": env.usable_cores,
-        "p99_limit_ms": float(p99_limit_ms),
-        "ladder_rps": [float(r) for r in ladder_rps],
-        "capacity": rows,
+        **fields,
     }
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     return out
+
+
+def read_measurement(path: str | Path, schema: str, *, what: str, how_to_make: str) -> dict:
+    """Read a record written by :func:`write_measurement` and check its ``schema``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no file (the message says ``how_to_make`` one).
+    ValueError
+        If the file holds another kind of record (``what`` names the expected kind).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no {what} at {file}; {how_to_make}")
+    payload = json.loads(file.read_text(encoding="utf-8"))
+    if payload.get("schema") != schema:
+        raise ValueError(f"{file} is not {what} (schema {payload.get('schema')!r}, expected {schema!r})")
+    return payload
 
 
 def load_http_capacity(path: str | Path = RECORDED_HTTP_CAPACITY) -> HttpCapacityRecord:
@@ -111,15 +147,12 @@ def load_http_capacity(path: str | Path = RECORDED_HTTP_CAPACITY) -> HttpCapacit
         If the file is not an HTTP capacity record.
     """
     file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"no HTTP capacity record at {file}; run Lesson 3 (it writes {LESSON3_RECORD})"
-        )
-    payload = json.loads(file.read_text(encoding="utf-8"))
-    if payload.get("schema") != _SCHEMA:
-        raise ValueError(
-            f"{file} is not an HTTP capacity record (schema {payload.get('schema')!r}, expected {_SCHEMA!r})"
-        )
+    payload = read_measurement(
+        file,
+        _SCHEMA,
+        what="an HTTP capacity record",
+        how_to_make=f"run Lesson 3 (it writes {LESSON3_RECORD})",
+    )
     table = pd.DataFrame(payload["capacity"]).set_index(["runtime", "target"]).astype(float)
     return HttpCapacityRecord(
         table,

@@ -26,6 +26,7 @@ from sklearn.pipeline import Pipeline
 
 from course_lib.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, TELCO_SHA256
 from course_lib.feature_schema import check_frame, check_records
+from course_lib.onnx_metadata import METADATA_DATA_SHA256, METADATA_MODEL_VERSION, stamp_identity
 
 __all__ = [
     "METADATA_DATA_SHA256",
@@ -38,6 +39,7 @@ __all__ = [
     "check_parity",
     "make_session",
     "pipeline_to_onnx",
+    "stamp_identity",
 ]
 
 #: Largest allowed |p_native - p_onnx| on the test set (issue 2 of the workbook).
@@ -49,9 +51,6 @@ _GRAPH_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 _registered = False
-#: ONNX ``metadata_props`` keys written by ``pipeline_to_onnx``: which model and which data made the file.
-METADATA_MODEL_VERSION = "course_model_version"
-METADATA_DATA_SHA256 = "course_data_sha256"
 
 
 class ModelMismatchError(ValueError):
@@ -129,11 +128,8 @@ def pipeline_to_onnx(
         from course_lib.model import model_version as content_hash
 
         model_version = content_hash(pipeline)
-    meta = {METADATA_DATA_SHA256: data_sha256}
-    if model_version is not None:
-        meta[METADATA_MODEL_VERSION] = str(model_version)
-    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, **meta})
-    return model
+    version = None if model_version is None else str(model_version)
+    return stamp_identity(model, model_version=version, data_sha256=data_sha256)
 
 
 def make_session(

@@ -3,8 +3,9 @@
 A load generator is a program like any other: on a busy machine it falls behind its schedule, and
 then the "latency" it reports is its own lateness. Three tools keep it honest:
 
-* ``aiohttp_target``: the open-loop generator's HTTP target on aiohttp (C-accelerated HTTP parsing,
-  a keep-alive connection pool) under uvloop, several times cheaper per request than httpx;
+* every process sends with ``course_lib.load_targets.aiohttp_target`` (C-accelerated HTTP parsing, a
+  keep-alive connection pool, warmed before the run) under uvloop, several times cheaper per request
+  than httpx;
 * ``run_generators``: the same offered load split over ``n_processes`` generator processes (independent
   Poisson streams at rate / n add up to a Poisson stream at the full rate), started at one common
   instant, their per-request rows merged into one ``LoadResult`` (exact samples, never averaged
@@ -23,25 +24,29 @@ Python ``concurrent.futures.ProcessPoolExecutor`` with the ``spawn`` start metho
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from course_lib.loadgen import SEND_LAG_BOUND_MS, HttpStatusError, LoadResult, coroutine_target, run_open_loop
+from course_lib.load_targets import aiohttp_target
+from course_lib.loadgen import (
+    SEND_LAG_BOUND_MS,
+    SPIN_WINDOW_S,
+    LoadResult,
+    run_open_loop,
+)
 
 __all__ = [
     "GeneratorPool",
-    "aiohttp_target",
     "generator_limit",
     "merge_results",
     "run_generators",
@@ -49,48 +54,6 @@ __all__ = [
 ]
 
 _NULL_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
-
-
-def aiohttp_target(
-    url: str, payloads: Sequence[Any], *, fields: Iterable[str] = (), max_connections: int = 512
-):
-    """Factory (async context manager) yielding ``send(i)``: POST ``payloads[i % n]`` as JSON with aiohttp.
-
-    A non-2xx answer raises ``course_lib.loadgen.HttpStatusError`` (429/503 count as shed). The named
-    fields of the JSON answer are recorded. Same contract as ``loadgen.http_client_target``.
-
-    Raises
-    ------
-    ValueError
-        If ``payloads`` is empty or ``max_connections`` < 1.
-    """
-    import aiohttp
-
-    if len(payloads) == 0:
-        raise ValueError("payloads must hold at least one request body")
-    if max_connections < 1:
-        raise ValueError(f"max_connections must be >= 1, got {max_connections!r}")
-    names = tuple(fields)
-
-    @asynccontextmanager
-    async def factory():
-        connector = aiohttp.TCPConnector(limit=max_connections, force_close=False)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=60)
-        ) as session:
-
-            async def post(payload: Any) -> Mapping[str, Any]:
-                async with session.post(url, json=payload) as response:
-                    text = await response.text()
-                    if response.status >= 300:
-                        raise HttpStatusError(
-                            response.status, text, retry_after=response.headers.get("Retry-After")
-                        )
-                    return json.loads(text) if names else {}
-
-            yield coroutine_target(post, payloads, fields=names)
-
-    return factory
 
 
 def _warm_worker() -> None:
@@ -108,10 +71,14 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
     import uvloop
 
     async def main() -> tuple[LoadResult, float]:
-        delay = spec["start_at"] - time.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
         async with aiohttp_target(spec["url"], spec["payloads"], fields=spec["fields"])() as send:
+            # Open a few keep-alive connections now, so the timed run does not pay for TCP handshakes.
+            await asyncio.gather(*(send(i) for i in range(spec["warm_connections"])), return_exceptions=True)
+            delay = spec["start_at"] - time.time() - SPIN_WINDOW_S
+            if delay > 0:
+                await asyncio.sleep(delay)  # coarse timer, then the exact instant (as run_open_loop does)
+            while time.time() < spec["start_at"]:
+                await asyncio.sleep(0)
             late_ms = max(0.0, 1000.0 * (time.time() - spec["start_at"]))
             result = await run_open_loop(
                 send,
@@ -121,6 +88,7 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
                 seed=spec["seed"],
                 request_timeout_s=spec["request_timeout_s"],
                 schedule_ms=spec["schedule_ms"],
+                spin_s=SPIN_WINDOW_S,  # a process of its own: spinning costs CPU, not another's GIL
             )
         return result, late_ms
 
@@ -186,6 +154,7 @@ class GeneratorPool:
         fields: Iterable[str] = (),
         schedule_ms: np.ndarray | None = None,
         n_processes: int | None = None,
+        warm_connections: int = 8,
     ) -> LoadResult:
         """Offer ``rate_rps`` to ``url`` for ``duration_s`` from the processes together; merged result.
 
@@ -200,10 +169,19 @@ class GeneratorPool:
             One explicit schedule (e.g. a spike) dealt round-robin to the processes instead.
         n_processes : int, optional
             Use only the first n processes (default all).
+        warm_connections : int >= 0
+            Requests each process sends together before the common start, untimed, so that the run
+            finds that many keep-alive connections open instead of paying TCP handshakes.
         """
         k = self.n_processes if n_processes is None else n_processes
         if not 1 <= k <= self.n_processes:
             raise ValueError(f"n_processes must be in 1..{self.n_processes}, got {n_processes!r}")
+        if (
+            isinstance(warm_connections, bool)
+            or not isinstance(warm_connections, int)
+            or warm_connections < 0
+        ):
+            raise ValueError(f"warm_connections must be an integer >= 0, got {warm_connections!r}")
         start_at = time.time() + self.start_delay_s  # one instant for every process
         n_requests = int(rate_rps * duration_s * 1.5) + 100
         specs = []
@@ -223,6 +201,7 @@ class GeneratorPool:
                     "schedule_ms": None if part is None else part - shift_ms,
                     "start_at": start_at + shift_ms / 1000.0,
                     "shift_ms": shift_ms,
+                    "warm_connections": warm_connections,
                 }
             )
         outs = list(self._pool.map(_run_one, specs))
@@ -346,26 +325,42 @@ def generator_limit(
     *,
     duration_s: float = 1.0,
     lag_bound_ms: float = SEND_LAG_BOUND_MS,
+    retries: int = 1,
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[float, pd.DataFrame]:
     """Climb ``rates_rps`` against the null server until the generator's send-lag p99 exceeds the bound.
 
+    A rate that misses is tried again (``retries`` times, next seed): one descheduling of a process on
+    a busy laptop should not end the climb, but a rate that misses every try does.
+
     Returns
     -------
     (limit_rps, table)
-        ``limit_rps``: the highest offered rate whose send-lag p99 was within ``lag_bound_ms`` and
-        whose every request succeeded (0.0 if none). ``table``: one ``LoadResult.summary()`` row per
-        rate tried, stopping at the first rate over the bound.
+        ``limit_rps``: the highest offered rate with a try whose send-lag p99 was within
+        ``lag_bound_ms`` and whose every request succeeded, every lower rate having had one too (0.0 if
+        none). ``table``: one ``LoadResult.summary()`` row per try (``attempt`` 1, 2, ...), stopping at
+        the first rate whose every try missed.
+
+    Raises
+    ------
+    ValueError
+        For a negative ``retries``.
     """
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
     rows = []
+    limit = 0.0
     for rate in sorted(float(r) for r in rates_rps):
-        result = pool.run(null_url, [{}], rate_rps=rate, duration_s=duration_s, seed=int(rate))
-        row = result.summary(lag_bound_ms=lag_bound_ms)
-        rows.append(row)
-        if on_run is not None:
-            on_run(row)
-        if not (row["generator_ok"] and row["errors"] == 0):
+        for attempt in range(1, retries + 2):
+            seed = int(rate) + 7919 * (attempt - 1)
+            result = pool.run(null_url, [{}], rate_rps=rate, duration_s=duration_s, seed=seed)
+            row = {"attempt": attempt, **result.summary(lag_bound_ms=lag_bound_ms)}
+            rows.append(row)
+            if on_run is not None:
+                on_run(row)
+            if row["generator_ok"] and row["errors"] == 0:
+                limit = rate
+                break
+        else:
             break
-    table = pd.DataFrame(rows)
-    good = table[table["generator_ok"] & (table["errors"] == 0)]
-    return (float(good["rate_rps"].max()) if len(good) else 0.0), table
+    return limit, pd.DataFrame(rows)

@@ -6,8 +6,9 @@ send) slows down when the server slows down and so hides queueing; an open-loop 
 Latency is measured from each request's *scheduled* send time, so if the generator itself falls
 behind, that lag counts against the latency instead of silently vanishing ("coordinated omission").
 
-The target is any coroutine function ``send(i)``: an HTTP POST (``http_target``) or an in-process
-call such as ``DynamicBatcher.submit`` (``coroutine_target``).
+The target is any coroutine function ``send(i)``: an HTTP POST or an in-process call such as
+``DynamicBatcher.submit`` (ready-made ones in ``course_lib.load_targets``). Ladders of rates built
+on this generator live in ``course_lib.rate_sweep``.
 
 References
 ----------
@@ -20,8 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,16 +35,11 @@ __all__ = [
     "OUTCOMES",
     "SEND_LAG_BOUND_MS",
     "SERVED_FIELDS",
+    "SPIN_WINDOW_S",
     "HttpStatusError",
     "LoadResult",
-    "batcher_target",
-    "capacity_table",
-    "coroutine_target",
-    "http_client_target",
-    "http_target",
+    "Send",
     "run_open_loop",
-    "sustainable_rate",
-    "sweep_rates",
 ]
 
 Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
@@ -54,6 +49,12 @@ SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
 OUTCOMES: tuple[str, ...] = ("ok", "shed", "timeout", "error")
 #: Send lag (actual - scheduled send time) p99 above this flags a run as generator-bound (ms).
 SEND_LAG_BOUND_MS = 1.0
+#: Default ``spin_s`` of a generator in its own process (``course_lib.generators``): it sleeps on the
+#: event loop's timer until this long before a send, then yields to the loop (``asyncio.sleep(0)``,
+#: which still handles answers) until the intended instant. Timers alone wake up to a millisecond or
+#: more late (libuv keeps time in whole ms), which would spend the whole ``SEND_LAG_BOUND_MS``; the
+#: cost is at most this much busy CPU per request (s).
+SPIN_WINDOW_S = 0.002
 
 
 class HttpStatusError(RuntimeError):
@@ -180,6 +181,7 @@ async def run_open_loop(
     seed: int = 0,
     request_timeout_s: float = 5.0,
     schedule_ms: Sequence[float] | np.ndarray | None = None,
+    spin_s: float = 0.0,
 ) -> LoadResult:
     """Send up to ``n_requests`` requests at Poisson times for at most ``max_duration_s`` seconds.
 
@@ -202,6 +204,11 @@ async def run_open_loop(
     schedule_ms : 1-D array of float, optional
         Intended send times in ms (non-decreasing, e.g. a spike from ``course_lib.knee.spike_schedule``)
         instead of Poisson times at ``rate_rps``; ``rate_rps`` is then only the label of the run.
+    spin_s : float >= 0
+        Sleep on the loop's timer until ``spin_s`` before each send, then yield to the loop until the
+        exact instant (``SPIN_WINDOW_S`` is the generator processes' choice). 0, the default, relies on
+        the timer alone (sends up to about a millisecond late), which is what an in-process run wants:
+        a spinning loop holds the GIL that the code under test, in the same interpreter, needs.
 
     Returns
     -------
@@ -210,12 +217,14 @@ async def run_open_loop(
     Raises
     ------
     ValueError
-        For a rate, duration or timeout that is not a finite number > 0, ``n_requests`` < 1, or a
-        schedule that is empty, not finite or decreasing.
+        For a rate, duration or timeout that is not a finite number > 0, ``n_requests`` < 1, a
+        negative ``spin_s``, or a schedule that is empty, not finite or decreasing.
     """
     rate = _check_positive("rate_rps", rate_rps)
     duration = _check_positive("max_duration_s", max_duration_s)
     timeout = _check_positive("request_timeout_s", request_timeout_s)
+    if isinstance(spin_s, bool) or not isinstance(spin_s, (int, float)) or not 0 <= spin_s < 1:
+        raise ValueError(f"spin_s must be a number of seconds in [0, 1), got {spin_s!r}")
     if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 1:
         raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
     if schedule_ms is None:
@@ -263,9 +272,11 @@ async def run_open_loop(
     tasks = []
     for i, offset in enumerate(schedule_s.tolist()):
         due = start + offset
-        wait = due - clock()
-        if wait > 0:
+        wait = due - clock() - spin_s
+        if wait > 0:  # the event loop's timers are coarse (whole milliseconds in uvloop/libuv) ...
             await asyncio.sleep(wait)
+        while clock() < due:  # ... so the last stretch yields to the loop until the instant (never early)
+            await asyncio.sleep(0)
         tasks.append(asyncio.create_task(one(i, due)))
     if tasks:
         await asyncio.gather(*tasks)
@@ -274,287 +285,3 @@ async def run_open_loop(
         raise RuntimeError(f"{len(missing)} requests have no outcome (first: {missing[:5]})")
     frame = pd.DataFrame(rows)
     return LoadResult(requests=frame, rate_rps=rate, planned=int(n_requests), wall_s=clock() - start)
-
-
-def coroutine_target(
-    submit: Callable[[Any], Awaitable[Any]], items: Sequence[Any], *, fields: Iterable[str] = ()
-) -> Send:
-    """Wrap an in-process coroutine (e.g. ``DynamicBatcher.submit``) as a load-generator target.
-
-    Request ``i`` submits ``items[i % len(items)]``; the named fields of the result (attributes, or
-    keys if it is a mapping; e.g. ``queue_wait_ms``, ``batch_size``) are recorded.
-
-    Raises
-    ------
-    ValueError
-        If ``items`` is empty.
-    """
-    if len(items) == 0:
-        raise ValueError("items must hold at least one request payload")
-    names = tuple(fields)
-
-    async def send(i: int) -> dict[str, Any]:
-        result = await submit(items[i % len(items)])
-        if isinstance(result, Mapping):
-            return {name: result.get(name) for name in names}
-        return {name: getattr(result, name) for name in names}
-
-    return send
-
-
-def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Iterable[str] = ()) -> Send:
-    """POST ``payloads[i % len(payloads)]`` as JSON to ``url`` with an ``httpx.AsyncClient``.
-
-    A non-2xx answer raises ``HttpStatusError`` (a ``RuntimeError``) naming the status and the start
-    of the body, so it is recorded as an error (or as shed, for 429/503) with its reason. The named fields of the JSON answer are recorded.
-
-    Raises
-    ------
-    ValueError
-        If ``payloads`` is empty.
-    """
-    names = tuple(fields)
-
-    async def post(payload: Any) -> Mapping[str, Any]:
-        response = await client.post(url, json=payload)
-        if response.status_code >= 300:
-            raise HttpStatusError(
-                response.status_code, response.text, retry_after=response.headers.get("retry-after")
-            )
-        return response.json() if names else {}
-
-    return coroutine_target(post, payloads, fields=names)
-
-
-def batcher_target(
-    score_batch: Callable[[list[Any]], Sequence[Any]],
-    items: Sequence[Any],
-    *,
-    fields: Iterable[str] = SERVED_FIELDS,
-    **batcher_kwargs: Any,
-) -> Callable[[], AbstractAsyncContextManager[Send]]:
-    """Factory for ``sweep_rates``: a fresh ``DynamicBatcher`` per run, in process (no HTTP).
-
-    Parameters
-    ----------
-    score_batch : the batch score function.
-    items : request payloads, sent round-robin.
-    fields : attributes of ``BatchedResult`` to record.
-    **batcher_kwargs : knobs of ``course_lib.batcher.DynamicBatcher`` (``max_batch_size``, ...).
-    """
-    from course_lib.batcher import DynamicBatcher
-
-    DynamicBatcher(score_batch, **batcher_kwargs)  # validate the knobs now, not mid-sweep
-    names = tuple(fields)
-
-    @asynccontextmanager
-    async def factory():
-        async with DynamicBatcher(score_batch, **batcher_kwargs) as batcher:
-            yield coroutine_target(batcher.submit, items, fields=names)
-
-    return factory
-
-
-def http_client_target(
-    url: str, payloads: Sequence[Any], *, fields: Iterable[str] = SERVED_FIELDS, max_connections: int = 256
-) -> Callable[[], AbstractAsyncContextManager[Send]]:
-    """Factory for ``sweep_rates``: a fresh ``httpx.AsyncClient`` per run, POSTing JSON to ``url``."""
-    import httpx
-
-    names = tuple(fields)
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-
-    @asynccontextmanager
-    async def factory():
-        async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
-            yield http_target(client, url, payloads, fields=names)
-
-    return factory
-
-
-def sustainable_rate(
-    table: pd.DataFrame,
-    *,
-    p99_limit_ms: float,
-    min_achieved_fraction: float = 0.95,
-    achieved_column: str = "achieved_rps",
-) -> float:
-    """Highest offered rate in a sweep that met the p99 limit, kept up, and had no errors.
-
-    A row qualifies when its ``errors`` are 0 (a table without that column, like the simulator's,
-    has none), ``p99_ms <= p99_limit_ms`` and ``achieved_column`` is at least
-    ``min_achieved_fraction`` of ``offered_rps``. Returns 0.0 if no row does. The answer is only as
-    fine as the sweep: the true limit lies between this rate and the next one measured.
-
-    Parameters
-    ----------
-    table : DataFrame with ``offered_rps``, ``p99_ms`` and ``achieved_column`` (one row per rate),
-        e.g. ``LoadResult.summary()`` rows or ``course_lib.simulator.sweep_offered_load`` output
-        (the default ``achieved_column`` names it).
-    p99_limit_ms : float > 0
-    min_achieved_fraction : float in (0, 1]
-    achieved_column : str
-
-    Raises
-    ------
-    ValueError
-        For a limit that is not > 0, a fraction outside (0, 1], or a missing column.
-    """
-    _check_positive("p99_limit_ms", p99_limit_ms)
-    if not 0 < min_achieved_fraction <= 1:
-        raise ValueError(f"min_achieved_fraction must be in (0, 1], got {min_achieved_fraction!r}")
-    missing = [c for c in ("offered_rps", "p99_ms", achieved_column) if c not in table.columns]
-    if missing:
-        raise ValueError(f"table is missing columns {missing}")
-    errors = table["errors"] if "errors" in table.columns else 0
-    good = table[
-        (errors == 0)
-        & (table["p99_ms"] <= p99_limit_ms)
-        & (table[achieved_column] >= min_achieved_fraction * table["offered_rps"])
-    ]
-    return float(good["offered_rps"].max()) if len(good) else 0.0
-
-
-async def sweep_rates(
-    targets: Mapping[str, Callable[[], AbstractAsyncContextManager[Send]]],
-    rates_rps: Iterable[float],
-    *,
-    p99_limit_ms: float,
-    duration_s: float,
-    max_requests: int = 100_000,
-    seed: int = 0,
-    request_timeout_s: float | None = None,
-    warmup_requests: int = 20,
-    min_done_fraction: float = 0.95,
-    retries: int = 1,
-) -> pd.DataFrame:
-    """Climb a ladder of offered rates for several targets side by side, until each one fails.
-
-    At every rate the targets take turns (A, B, A, B, ...), so slow drift of a shared machine hits
-    them alike. A run meets the SLO when no request failed and its p99 is within the limit (so 99% of
-    requests were answered within the limit of their scheduled time: the target kept up). A run
-    that missed although at least ``min_done_fraction`` of its requests were answered by the end of
-    the schedule plus the limit was a hiccup of a shared machine, not an overload: the rate is tried
-    again (``retries`` times, with the next seed). A target that misses every try, or is plainly
-    overloaded, drops out: higher rates would only pile up a longer queue.
-
-    Parameters
-    ----------
-    targets : mapping name -> zero-argument factory of an async context manager yielding ``send``
-        Each run enters a fresh context (e.g. a new ``DynamicBatcher`` or a new HTTP client) so runs
-        do not share a backlog.
-    rates_rps : iterable of float > 0, climbed in ascending order
-    p99_limit_ms : float > 0
-        The latency SLO a rate must meet.
-    duration_s : float > 0
-        Length of each run (``max_duration_s`` of ``run_open_loop``).
-    max_requests : int
-        Upper bound on requests per run.
-    seed : int
-        Arrival schedule seed (the same schedule for every target at a given rate).
-    request_timeout_s : float, optional
-        Give up on a request after this long; default 5 x the p99 limit (at least 0.5 s), which is
-        already a failure, so an overloaded run ends soon after ``duration_s``.
-    warmup_requests : int >= 0
-        Requests sent one at a time before each run and not recorded (thread pools, caches, sockets).
-    min_done_fraction : float in (0, 1]
-        Share of requests answered by the end of the schedule plus the limit, above which a miss
-        counts as a hiccup and is retried.
-    retries : int >= 0
-        Extra tries at a rate after a hiccup.
-
-    Returns
-    -------
-    DataFrame with ``target``, ``attempt`` (1 for the first try at a rate), the
-    ``LoadResult.summary()`` columns, ``done_in_time`` (share answered by the end of the schedule
-    plus the limit) and ``met_slo`` (bool), one row per run, in the order they ran.
-
-    Raises
-    ------
-    ValueError
-        For a p99 limit that is not > 0 or a negative ``retries``.
-    """
-    limit = _check_positive("p99_limit_ms", p99_limit_ms)
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
-    if not 0 < min_done_fraction <= 1:
-        raise ValueError(f"min_done_fraction must be in (0, 1], got {min_done_fraction!r}")
-    timeout = request_timeout_s if request_timeout_s is not None else max(0.5, 5 * limit / 1000.0)
-    alive = list(targets)
-    rows = []
-    for rate in sorted(float(r) for r in rates_rps):
-        for name in list(alive):
-            for attempt in range(1, retries + 2):
-                async with targets[name]() as send:
-                    for i in range(warmup_requests):
-                        await send(i)
-                    result = await run_open_loop(
-                        send,
-                        rate_rps=rate,
-                        n_requests=max_requests,
-                        max_duration_s=duration_s,
-                        seed=seed + attempt - 1,
-                        request_timeout_s=timeout,
-                    )
-                row = {"target": name, "attempt": attempt, **result.summary()}
-                req = result.requests
-                in_time = req["ok"] & (
-                    req["scheduled_ms"] + req["latency_ms"] <= req["scheduled_ms"].max() + limit
-                )
-                row["done_in_time"] = float(in_time.mean())
-                row["met_slo"] = bool(row["errors"] == 0 and row["p99_ms"] <= limit)
-                rows.append(row)
-                hiccup = row["errors"] == 0 and row["done_in_time"] >= min_done_fraction
-                if row["met_slo"] or not hiccup:  # overloaded: trying again would only repeat it
-                    break
-            if not row["met_slo"]:
-                alive.remove(name)
-        if not alive:
-            break
-    return pd.DataFrame(rows)
-
-
-def capacity_table(sweep: pd.DataFrame, *, baseline: str) -> pd.DataFrame:
-    """Per target of a ``sweep_rates`` table: the highest rate that met the SLO and the gain over a baseline.
-
-    Parameters
-    ----------
-    sweep : output of ``sweep_rates`` (its ``met_slo`` column carries the SLO that was applied).
-    baseline : str
-        Target the ``gain`` column divides by (e.g. the one-call-per-request configuration).
-
-    Returns
-    -------
-    DataFrame indexed by target with ``sustained_rps`` (the highest rung of the ladder, ``rate_rps``,
-    that met the SLO; a lower bound, since the true limit lies below the next rung), the realised
-    ``offered_rps`` and the ``achieved_rps`` of that run, its ``p99_ms`` and
-    ``mean_batch_size`` at that rate, ``first_failed_rps`` (lowest rung where every try missed, NaN
-    if none did) and
-    ``gain`` (sustained_rps / baseline's; NaN if the baseline met the SLO at no rate, in which case
-    start the ladder lower).
-
-    Raises
-    ------
-    ValueError
-        If ``baseline`` is not a target of the sweep.
-    """
-    if baseline not in set(sweep["target"]):
-        raise ValueError(f"baseline {baseline!r} is not one of the targets {sorted(set(sweep['target']))}")
-    rows = {}
-    for name, runs in sweep.groupby("target", sort=False):
-        good = runs[runs["met_slo"]]
-        bad = runs[~runs["met_slo"] & ~runs["rate_rps"].isin(good["rate_rps"])]  # no try at that rate met
-        best = good.loc[good["rate_rps"].idxmax()] if len(good) else None
-        rows[name] = {
-            "sustained_rps": float(best["rate_rps"]) if best is not None else 0.0,
-            "offered_rps": float(best["offered_rps"]) if best is not None else math.nan,
-            "achieved_rps": float(best["achieved_rps"]) if best is not None else math.nan,
-            "p99_ms": float(best["p99_ms"]) if best is not None else math.nan,
-            "mean_batch_size": float(best.get("mean_batch_size", math.nan)) if best is not None else math.nan,
-            "first_failed_rps": float(bad["rate_rps"].min()) if len(bad) else math.nan,
-        }
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "target"
-    base = table.loc[baseline, "sustained_rps"]
-    table["gain"] = table["sustained_rps"] / base if base > 0 else math.nan
-    return table

@@ -14,9 +14,10 @@ of the trained pipeline (``course_lib.model.model_version``) and the sha256 of t
 file. ``load_version`` refuses a file whose metadata is missing or is not the version the service
 was told to load, so "which model answered?" always has a checked answer.
 
-Seam: the keys ``course_model_version`` and ``course_data_sha256`` are the ones the exporter
-(``course_lib.export.pipeline_to_onnx``) is getting upstream; ``stamp_metadata`` writes them here
-until then, plus this module's own ``course_release``.
+The keys ``course_model_version`` and ``course_data_sha256`` belong to the exporter
+(``course_lib.onnx_metadata.METADATA_MODEL_VERSION`` / ``METADATA_DATA_SHA256``, written by
+``course_lib.onnx_metadata.stamp_identity``); ``stamp_metadata`` adds this module's own ``course_release``
+through the same writer.
 
 References
 ----------
@@ -43,6 +44,7 @@ from course_lib.model import (
     make_xgb_pipeline,
     model_version,
 )
+from course_lib.onnx_metadata import METADATA_DATA_SHA256, METADATA_MODEL_VERSION, stamp_identity
 from course_lib.tree_pruning import prune_trees
 
 __all__ = [
@@ -61,8 +63,6 @@ __all__ = [
     "stamp_metadata",
 ]
 
-METADATA_MODEL_VERSION = "course_model_version"
-METADATA_DATA_SHA256 = "course_data_sha256"
 METADATA_RELEASE = "course_release"
 #: Release names, in rollout order.
 RELEASES: tuple[str, ...] = ("v1", "v2", "v2-broken")
@@ -81,22 +81,19 @@ def stamp_metadata(
 ) -> onnx.ModelProto:
     """Write release, content hash and data checksum into ``model.metadata_props`` (in place; returned).
 
+    The content hash and the data checksum go under the exporter's keys, through
+    ``course_lib.onnx_metadata.stamp_identity``; the release under ``METADATA_RELEASE``.
+
     Raises
     ------
     ValueError
         If any value is empty.
     """
-    values = {
-        METADATA_RELEASE: release,
-        METADATA_MODEL_VERSION: content_hash,
-        METADATA_DATA_SHA256: data_sha256,
-    }
-    empty = [k for k, v in values.items() if not v]
-    if empty:
-        raise ValueError(f"metadata values must be non-empty strings; empty: {empty}")
-    merged = {p.key: p.value for p in model.metadata_props} | values
-    onnx.helper.set_model_props(model, merged)
-    return model
+    if content_hash is None:
+        raise ValueError(f"metadata values must be non-empty strings; empty: [{METADATA_MODEL_VERSION!r}]")
+    return stamp_identity(
+        model, model_version=content_hash, data_sha256=data_sha256, extra={METADATA_RELEASE: release}
+    )
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:

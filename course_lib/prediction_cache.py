@@ -7,6 +7,8 @@ last two, a digest of the exact feature values: ``PredictionKey.for_features``).
 or a refreshed feature snapshot makes every old entry unreachable, so an old model's score can never
 be returned for the new one; the old entries simply age out (LRU / TTL).
 
+The key and the feature digest are :mod:`course_lib.prediction_key` (re-exported here).
+
 ``PredictionCache`` is the interface: ``get(key) -> float | None``, ``set(key, value)``, ``clear()``,
 ``stats()``. Two backends implement it:
 
@@ -31,21 +33,18 @@ calls itself LRU but evicts in insertion order; see ``course_lib.cache_sim.FifoC
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from cachetools import TTLCache
 
-from course_lib.data import FEATURE_COLUMNS
+from course_lib.prediction_key import KEY_SEPARATOR, PredictionKey, check_key_part, features_digest
 
 __all__ = [
     "CacheStats",
@@ -55,102 +54,6 @@ __all__ = [
     "RedisPredictionCache",
     "features_digest",
 ]
-
-_SEPARATOR = "|"
-
-
-def _check_part(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value or _SEPARATOR in value:
-        raise ValueError(f"{name} must be a non-empty str without {_SEPARATOR!r}, got {value!r}")
-    return value
-
-
-def _canonical_value(name: str, value: object) -> object:
-    """One feature value in canonical form: equal numbers alike, every kind of missing as None."""
-    if value is None or value is pd.NA or value is pd.NaT:
-        return None
-    if isinstance(value, (str, np.str_)):
-        return str(value)
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        number = float(value)
-        if math.isnan(number):
-            return None
-        if math.isinf(number):
-            return "inf" if number > 0 else "-inf"
-        return int(number) if number.is_integer() else number
-    raise TypeError(
-        f"feature {name!r} must be a str, a number or missing (None, NaN, pd.NA), "
-        f"got {type(value).__name__}: {value!r}"
-    )
-
-
-def features_digest(record: Mapping[str, Any]) -> str:
-    """A stable digest of one customer's 19 feature values (sha256 of canonical JSON, 24 hex digits).
-
-    Stable across processes and machines (unlike Python's ``hash()``, which is salted per process
-    for strings), so replicas sharing a Redis cache agree on it. Values are normalised first, so
-    equal values give equal digests whatever their Python or NumPy type: integers, booleans and
-    integral floats become the same integer (``1``, ``True``, ``1.0`` and ``np.float32(1)`` alike),
-    other floats their exact ``float`` value (so ``np.float32(0.1)`` differs from ``0.1``: they
-    are different numbers), every missing value (``None``, NaN of any float type, ``pd.NA``,
-    ``pd.NaT``) becomes JSON ``null``, and infinities the strings ``"inf"`` / ``"-inf"``.
-
-    Raises
-    ------
-    ValueError
-        If a feature column is missing.
-    TypeError
-        If a value is not a str, a number or missing (the message names the feature).
-    """
-    try:
-        values = [(name, record[name]) for name in FEATURE_COLUMNS]
-    except KeyError as exc:
-        raise ValueError(
-            f"record is missing feature {exc.args[0]!r}; it needs {list(FEATURE_COLUMNS)}"
-        ) from None
-    canonical = [_canonical_value(name, value) for name, value in values]
-    return hashlib.sha256(json.dumps(canonical, separators=(",", ":")).encode()).hexdigest()[:24]
-
-
-@dataclass(frozen=True)
-class PredictionKey:
-    """What a cached score depends on: model version, customer and feature snapshot.
-
-    Parameters
-    ----------
-    model_version : str
-        ``ChurnModel.model_version`` of the model that computed the score.
-    customer_id : str
-        E.g. ``"SC-0000042"``; ``"*"`` for a key built from feature values (``for_features``).
-    feature_snapshot : str
-        Version of the features the score was computed from (e.g. the feature store's file and the
-        refresh it holds), or ``"sha256:<digest>"`` of the exact values.
-
-    Raises
-    ------
-    ValueError
-        If a part is empty or contains ``"|"``.
-    """
-
-    model_version: str
-    customer_id: str
-    feature_snapshot: str
-
-    def __post_init__(self) -> None:
-        _check_part("model_version", self.model_version)
-        _check_part("customer_id", self.customer_id)
-        _check_part("feature_snapshot", self.feature_snapshot)
-
-    @classmethod
-    def for_features(cls, model_version: str, record: Mapping[str, Any]) -> PredictionKey:
-        """Key by the exact feature values (any customer with identical features shares it)."""
-        return cls(model_version, "*", "sha256:" + features_digest(record))
-
-    def as_str(self, namespace: str = "churn") -> str:
-        """``namespace|model_version|feature_snapshot|customer_id``: the Redis key."""
-        return _SEPARATOR.join((namespace, self.model_version, self.feature_snapshot, self.customer_id))
 
 
 @dataclass(frozen=True)
@@ -379,7 +282,7 @@ class RedisPredictionCache(PredictionCache):
         self.ttl_ms = round(self.ttl_s * 1000)
         if self.ttl_ms < 1:
             raise ValueError(f"ttl_s must be at least 0.001 s (Redis PX is in milliseconds), got {ttl_s!r}")
-        self.namespace = _check_part("namespace", namespace)
+        self.namespace = check_key_part("namespace", namespace)
         self.client = client
         self._lock = threading.Lock()
         self._hits = self._misses = self._sets = 0
@@ -405,7 +308,7 @@ class RedisPredictionCache(PredictionCache):
             self._sets += 1
 
     def _own_keys(self) -> list[bytes]:
-        return list(self.client.scan_iter(match=f"{self.namespace}{_SEPARATOR}*", count=1000))
+        return list(self.client.scan_iter(match=f"{self.namespace}{KEY_SEPARATOR}*", count=1000))
 
     def clear(self) -> None:
         keys = self._own_keys()

@@ -13,13 +13,13 @@ References
 ----------
 MLOps course lesson 19, "Inference Engineering Basics" (source 000): the five-stage budget, the
 ``RequestProfile`` / latency-budget idea and its 90 x 30 ms, 8 x 70 ms, 2 x 150 ms test vector.
-W3C, "Server Timing" (Working Draft): the ``Server-Timing`` header syntax ``name;dur=<ms>``.
+W3C, "Server Timing" (Working Draft): the ``Server-Timing`` header syntax ``name;dur=<ms>``, written
+and read by :mod:`course_lib.server_timing` (``format_server_timing`` / ``parse_server_timing`` are
+re-exported here).
 """
 
 from __future__ import annotations
 
-import math
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +30,12 @@ import numpy as np
 import pandas as pd
 
 from course_lib.percentiles import percentile
+from course_lib.server_timing import (
+    check_duration_ms,
+    check_metric_name,
+    format_server_timing,
+    parse_server_timing,
+)
 
 __all__ = [
     "END_TO_END",
@@ -57,29 +63,13 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "p50_breached",
     "p99_breached",
 )
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: a valid metric name
 
 
 def _check_stage_name(name: object) -> str:
-    if not isinstance(name, str) or not _TOKEN.match(name):
-        raise ValueError(
-            f"stage name must be a non-empty token of letters, digits or !#$%&'*+-.^_`|~ "
-            f"(it becomes a Server-Timing metric name), got {name!r}"
-        )
+    check_metric_name(name, what="stage name")
     if name == END_TO_END:
         raise ValueError(f"stage name {END_TO_END!r} is reserved for the total")
     return name
-
-
-def _check_duration_ms(name: str, duration_ms: object) -> float:
-    if isinstance(duration_ms, bool) or not isinstance(duration_ms, (int, float, np.integer, np.floating)):
-        raise TypeError(
-            f"duration_ms of stage {name!r} must be a number of milliseconds, got {duration_ms!r}"
-        )
-    value = float(duration_ms)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"duration_ms of stage {name!r} must be finite and >= 0, got {duration_ms!r}")
-    return value
 
 
 class StageTimer:
@@ -165,7 +155,7 @@ class RequestProfile:
                 f"stage {name!r} was already recorded for request {self.request_id!r}; "
                 "give each stage its own name"
             )
-        self.stages_ms[name] = _check_duration_ms(name, duration_ms)
+        self.stages_ms[name] = check_duration_ms(name, duration_ms)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[StageTimer]:
@@ -195,83 +185,6 @@ class RequestProfile:
     def server_timing(self) -> str:
         """The stages as a ``Server-Timing`` header value, e.g. ``parse;dur=0.041, lookup;dur=0.012``."""
         return format_server_timing(self.stages_ms)
-
-
-def format_server_timing(stages_ms: Mapping[str, float], *, decimals: int = 3) -> str:
-    """Format stage durations as a ``Server-Timing`` header value.
-
-    Parameters
-    ----------
-    stages_ms : mapping of str -> float
-        Metric name (a token) -> duration in milliseconds.
-    decimals : int
-        Digits after the decimal point (3 = microsecond resolution).
-
-    Returns
-    -------
-    str
-        ``name;dur=1.234`` entries joined by ``", "``.
-
-    Raises
-    ------
-    ValueError
-        For a name that is not a token or a negative/non-finite duration.
-
-    References
-    ----------
-    W3C, "Server Timing", section "The Server-Timing header field".
-    """
-    return ", ".join(
-        f"{_check_stage_name(name)};dur={_check_duration_ms(name, ms):.{decimals}f}"
-        for name, ms in stages_ms.items()
-    )
-
-
-def parse_server_timing(header: str) -> dict[str, float]:
-    """Parse a ``Server-Timing`` header value into {name: duration_ms}.
-
-    Every metric must carry a ``dur`` parameter (other parameters such as ``desc`` are ignored), so a
-    stage can never vanish silently. Optional whitespace around ``;`` and ``=`` is allowed, as in the
-    W3C grammar (``db; dur = 53`` is 53.0 ms). Quoted parameter values holding commas are not supported (they
-    raise rather than being mis-read).
-
-    Returns
-    -------
-    dict of str -> float
-        Metric name -> duration in ms, in header order.
-
-    Raises
-    ------
-    ValueError
-        If an entry has no valid name, no ``dur`` parameter, a ``dur`` that is not a number, or a
-        name appears twice.
-    TypeError
-        If ``header`` is not a string.
-    """
-    if not isinstance(header, str):
-        raise TypeError(f"header must be a str, got {type(header).__name__}")
-    out: dict[str, float] = {}
-    for entry in (part.strip() for part in header.split(",")):
-        if not entry:
-            continue
-        name, *params = (p.strip() for p in entry.split(";"))
-        if not _TOKEN.match(name):
-            raise ValueError(f"Server-Timing entry {entry!r} has no valid metric name")
-        # W3C Server Timing grammar: param = name OWS "=" OWS value, params joined by OWS ";" OWS.
-        pairs = [p.partition("=") for p in params]
-        durations = [
-            value.strip().strip('"') for key, eq, value in pairs if eq and key.strip().lower() == "dur"
-        ]
-        if not durations:
-            raise ValueError(f"Server-Timing entry {entry!r} has no dur=<ms> parameter")
-        try:
-            value = float(durations[0])
-        except ValueError:
-            raise ValueError(f"Server-Timing entry {entry!r} has a dur that is not a number") from None
-        if name in out:
-            raise ValueError(f"Server-Timing metric {name!r} appears twice in {header!r}")
-        out[name] = value
-    return out
 
 
 class LatencyBudget:
@@ -305,7 +218,7 @@ class LatencyBudget:
         for name, pair in {END_TO_END: (target_p50_ms, target_p99_ms), **(stage_targets_ms or {})}.items():
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise ValueError(f"stage_targets_ms[{name!r}] must be a (p50_ms, p99_ms) tuple, got {pair!r}")
-            checked = tuple(None if t is None else _check_duration_ms(f"target of {name}", t) for t in pair)
+            checked = tuple(None if t is None else check_duration_ms(f"target of {name}", t) for t in pair)
             self._targets[name] = checked  # type: ignore[assignment]
         self.profiles: list[RequestProfile] = []
 

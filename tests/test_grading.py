@@ -20,6 +20,7 @@ from course_lib.grading import (
     run_nbgrader,
     score_table,
 )
+from course_lib.grading.sandbox import MECHANISMS
 
 # nbgrader's add_submission trips SQLAlchemy autoflush warnings inside nbgrader itself; they are harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Object of type:sqlalchemy.exc.SAWarning")
@@ -215,35 +216,51 @@ def test_screen_leaves_ordinary_code_alone(source):
     assert scan_source(source) == []
 
 
-def test_without_bwrap_the_sandbox_is_unavailable_and_autograde_refuses(monkeypatch, capsys, tmp_path):
+def test_without_any_sandbox_autograde_refuses_and_names_both_mechanisms(monkeypatch, capsys, tmp_path):
     from course_lib.grading import cli, sandbox
 
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, **kw: None)
     check = sandbox.find_sandbox()
     assert check.mechanism is None and "bubblewrap (`bwrap`) is not installed" in check.reason
+    assert "util-linux's `unshare`" in check.reason
     monkeypatch.setattr(cli, "find_sandbox", sandbox.find_sandbox)
     with pytest.raises(SystemExit) as stopped:
         main(["autograde", "ps1", "--course-root", str(tmp_path)])
     assert stopped.value.code == cli.EXIT_NO_SANDBOX
     err = capsys.readouterr().err
-    assert "Refusing to autograde ps1: bubblewrap" in err and "--unsafe" in err
+    assert "Refusing to autograde ps1: bubblewrap" in err and "`unshare`" in err and "--unsafe" in err
     with pytest.raises(ValueError, match="sandbox must be one of"):
         sandbox.find_sandbox("docker")
+
+
+def test_without_bwrap_auto_falls_back_to_unshare(monkeypatch):
+    from course_lib.grading import sandbox
+
+    which = sandbox.shutil.which
+    monkeypatch.setattr(
+        sandbox.shutil, "which", lambda name, **kw: None if name == "bwrap" else which(name, **kw)
+    )
+    check = sandbox.find_sandbox()
+    assert (check.mechanism, check.executable) == ("unshare", which("unshare")), check.reason
+
+
+def _view(tmp_path, **limits):
+    from course_lib.grading.view import kernel_view
+
+    return kernel_view(
+        ["python", "-m", "ipykernel_launcher"],
+        cwd="/course/autograded/amy/ps1",
+        work_dir=str(tmp_path),
+        ipc_dir=str(tmp_path),
+        env={"SECRET_TOKEN": "x", "LANG": "C.UTF-8"},
+        **limits,
+    )
 
 
 def test_bwrap_command_hides_the_course_and_limits_the_kernel(tmp_path):
     from course_lib.grading.sandbox import bwrap_command
 
-    cmd = bwrap_command(
-        ["python", "-m", "ipykernel_launcher"],
-        bwrap="/usr/bin/bwrap",
-        cwd="/course/autograded/amy/ps1",
-        work_dir=str(tmp_path),
-        ipc_dir=str(tmp_path),
-        env={"SECRET_TOKEN": "x", "LANG": "C.UTF-8"},
-        memory_limit_bytes=123,
-        cpu_limit_s=7,
-    )
+    cmd = bwrap_command(_view(tmp_path, memory_limit_bytes=123, cpu_limit_s=7), bwrap="/usr/bin/bwrap")
     assert cmd[:6] == [
         "/usr/bin/bwrap",
         "--unshare-all",
@@ -261,6 +278,23 @@ def test_bwrap_command_hides_the_course_and_limits_the_kernel(tmp_path):
     assert cmd[-6:] == ["123", "7", str(256 * 1024**2), "python", "-m", "ipykernel_launcher"]
 
 
+def test_unshare_command_makes_every_namespace_drops_privileges_and_needs_its_tools(tmp_path):
+    from course_lib.grading.unshare import find_tools, unshare_command
+
+    cmd = unshare_command(_view(tmp_path, memory_limit_bytes=123), root_dir=str(tmp_path / "root"))
+    script = cmd[cmd.index("-c") + 1]
+    assert cmd[1:4] == ["--pdeathsig", "KILL", "--"], "unshare dies with the grader"
+    for flag in ("--user", "--mount", "--net", "--pid", "--fork", "--kill-child=SIGKILL"):
+        assert flag in cmd[: cmd.index("-c")]
+    assert "pivot_root" in script and "--bounding-set=-all" in script and " -i " in script
+    assert "SECRET_TOKEN" not in " ".join(cmd) and "LANG=C.UTF-8" in script
+    assert "rw " + str(tmp_path) + " /course/autograded/amy/ps1" in script
+    assert cmd[-6:-3] == ["123", "600", str(256 * 1024**2)]
+    tools = {**find_tools(), "pivot_root": None}
+    with pytest.raises(FileNotFoundError, match=r"missing: \['pivot_root'\]"):
+        unshare_command(_view(tmp_path), root_dir=str(tmp_path), tools=tools)
+
+
 KERNEL_PROBE = r"""
 import json, os, socket, subprocess, sys
 found = {"cwd_files": sorted(os.listdir("."))}
@@ -274,6 +308,17 @@ for name, path in (("course_lib", os.path.join(os.path.dirname(course_lib.__file
         found["wrote_" + name] = True
     except OSError:
         found["wrote_" + name] = False
+# Run as root, the kernel owns the host's device nodes and sysctls: both must be out of its reach. The
+# probes change nothing: the mode /dev/null already has; a sysctl opened for writing, never written.
+for name, change in (
+    ("dev_null_mode", lambda: os.chmod("/dev/null", 0o666)),
+    ("sysctl", lambda: os.close(os.open("/proc/sys/kernel/panic", os.O_WRONLY))),
+):
+    try:
+        change()
+        found["may_change_" + name] = True
+    except OSError:
+        found["may_change_" + name] = False
 open("scratch.txt", "w").write("mine")
 try:
     socket.create_connection(("1.1.1.1", 80), timeout=2)
@@ -299,13 +344,13 @@ async def _execute(kc, code: str) -> tuple[str, list[str]]:
     return reply["content"]["status"], out
 
 
-def _in_sandboxed_kernel(tmp_path, scenario):
-    """Run ``scenario(kc, folder)`` against a sandboxed kernel whose notebook folder is
-    tmp/course/autograded/amy/ps1 (a data file and the notebook, which must not be copied in)."""
+def _in_sandboxed_kernel(tmp_path, scenario, sandbox: str = "auto"):
+    """Run ``scenario(kc, km, folder)`` against a kernel in the ``sandbox`` mechanism whose notebook
+    folder is tmp/course/autograded/amy/ps1 (a data file and the notebook, which must not be copied in)."""
     from course_lib.grading.sandbox import SandboxedKernelManager, find_sandbox
 
-    check = find_sandbox()
-    assert check.mechanism is not None, f"these tests need a working bubblewrap: {check.reason}"
+    check = find_sandbox(sandbox)
+    assert check.mechanism is not None, f"these tests need a working {sandbox} sandbox: {check.reason}"
     folder = tmp_path / "course" / "autograded" / "amy" / "ps1"
     folder.mkdir(parents=True)
     (folder / "data.csv").write_text("x\n1\n")
@@ -314,13 +359,13 @@ def _in_sandboxed_kernel(tmp_path, scenario):
     (tmp_path / "course" / "autograded" / "bo").mkdir()
 
     async def run():
-        km = SandboxedKernelManager(kernel_name="python3")
+        km = SandboxedKernelManager(kernel_name="python3", sandbox=sandbox)
         await km.start_kernel(cwd=str(folder))
         kc = km.client()
         kc.start_channels()
         try:
             await kc.wait_for_ready(timeout=60)
-            await scenario(kc, folder)
+            await scenario(kc, km, folder)
         finally:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)
@@ -339,10 +384,11 @@ def _processes_with_marker(marker: bytes) -> list[str]:
     return found
 
 
-def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_connect_out(tmp_path):
+@pytest.mark.parametrize("sandbox", MECHANISMS)
+def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_connect_out(tmp_path, sandbox):
     from course_lib.waiting import wait_until
 
-    async def scenario(kc, folder):
+    async def scenario(kc, km, folder):
         status, out = await _execute(kc, KERNEL_PROBE)
         assert status == "ok", out
         assert json.loads(out[-1]) == {
@@ -353,13 +399,31 @@ def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_conne
             "wrote_course_lib": False,
             "wrote_venv": False,
             "wrote_root": False,
+            "may_change_dev_null_mode": False,
+            "may_change_sysctl": False,
             "network": False,
         }
         assert not (folder / "scratch.txt").exists(), "writes stay in the private scratch copy"
         assert _processes_with_marker(b"DETACHED-PROBE"), "the detached child runs while its kernel does"
 
-    _in_sandboxed_kernel(tmp_path, scenario)
+    _in_sandboxed_kernel(tmp_path, scenario, sandbox)
     wait_until(lambda: not _processes_with_marker(b"DETACHED-PROBE"), timeout_s=30, what="the child to die")
+
+
+@pytest.mark.parametrize("sandbox", MECHANISMS)
+def test_a_sandboxed_kernel_that_kills_itself_dies(tmp_path, sandbox):
+    """The out-of-memory killer's way: the grader must see a dead kernel, not a hang."""
+    from course_lib.waiting import async_wait_until
+
+    async def scenario(kc, km, folder):
+        kc.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+
+        async def dead():
+            return not await km.is_alive()
+
+        await async_wait_until(dead, timeout_s=30, interval_s=0.05, what="the kernel to die")
+
+    _in_sandboxed_kernel(tmp_path, scenario, sandbox)
 
 
 def test_the_guard_undoes_hooks_and_patches_before_a_test_cell(tmp_path):
@@ -375,7 +439,7 @@ def test_the_guard_undoes_hooks_and_patches_before_a_test_cell(tmp_path):
         "sys.settrace(lambda *a: None)\n"
     )
 
-    async def scenario(kc, folder):
+    async def scenario(kc, km, folder):
         assert (await _execute(kc, guard.install_code()))[0] == "ok"
         assert (await _execute(kc, cheat))[0] == "ok"
         assert (await _execute(kc, guard.restore_code()))[0] == "ok"

@@ -117,10 +117,8 @@ def baseline_store() -> None:
     SlowChurnScorer.open().close()
 
 
-@pytest.fixture(scope="module")
-def course(tmp_path_factory) -> Path:
-    """A copy of the course root with the committed source and release, and no gradebook."""
-    root = tmp_path_factory.mktemp("course") / "exercises"
+def _copy_course(root: Path) -> Path:
+    """Copy the course root to ``root``: committed source and release, no gradebook or grading output."""
     shutil.copytree(
         EXERCISES,
         root,
@@ -138,6 +136,12 @@ def course(tmp_path_factory) -> Path:
     )
     assert not (root / "gradebook.db").exists()
     return root
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    """A copy of the course root with the committed source and release, and no gradebook."""
+    return _copy_course(tmp_path_factory.mktemp("course") / "exercises")
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +191,18 @@ def _processes_with(marker: bytes) -> list[int]:
     return found
 
 
+def _grading_command(*args: str) -> subprocess.CompletedProcess:
+    """``python -m course_lib.grading ARGS`` as an instructor runs it, with this checkout's course_lib."""
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib.grading", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=AUTOGRADE_TIMEOUT_S,
+    )
+
+
 @pytest.fixture(scope="module")
 def graded(generated, baseline_store) -> dict:
     """Collect the fixture class, autograde each problem set once, write feedback and grades.csv."""
@@ -201,22 +217,7 @@ def graded(generated, baseline_store) -> dict:
         for ps in PROBLEM_SETS
         if ps != CLI_PS
     }
-    autograde[CLI_PS] = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course_lib.grading",
-            "autograde",
-            CLI_PS,
-            "--course-root",
-            str(generated),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=AUTOGRADE_TIMEOUT_S,
-    )
+    autograde[CLI_PS] = _grading_command("autograde", CLI_PS, "--course-root", str(generated))
     gradebook_after_autograde = hashlib.sha256((generated / "gradebook.db").read_bytes()).hexdigest()
     survivors = _processes_with(DAEMON_MARKER)
     feedback = {ps: run_nbgrader("generate_feedback", ps, course_root=generated) for ps in PROBLEM_SETS}
@@ -565,13 +566,8 @@ def test_the_autograde_command_prints_the_screen_report_and_the_scores(graded):
 
 
 def test_screen_report_command_lists_normalisations_flags_and_withheld_scores(graded):
-    done = subprocess.run(
-        [sys.executable, "-m", "course_lib.grading", "report", "ps1", "--course-root", str(graded["root"])],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    done = _grading_command("report", "ps1", "--course-root", str(graded["root"]))
+    assert done.returncode == 0, done.stderr[-3000:]
     blocks = {block.split("\n")[0]: block for block in done.stdout.split("\n") if block}
     assert "gradebook-daemon" in done.stdout and "FLAGGED: cell" in done.stdout
     assert "starts processes (subprocess)" in done.stdout
@@ -670,3 +666,32 @@ def test_feedback_says_whether_hidden_checks_passed_and_the_full_version_is_for_
     assert done.returncode == 0, done.stderr[-3000:]
     full = _html_text(graded["root"] / "feedback_full" / "partly-wrong" / "ps1" / "ps1.html")
     assert any(line in full for line in _secret_lines("ps1")), "the scan above would see a leak"
+
+
+# --- the same class under the unshare sandbox (what runs where bubblewrap is missing) --------------------
+
+#: ps1 submissions graded again under ``unshare``: honest, a kernel that kills itself, and three that
+#: attack the grader (read other assignments, rewrite course_lib, a daemon rewriting the gradebook).
+UNSHARE_CLASS = ("full-marks", "kill-kernel", "exfiltration", "course-lib-tamper", "gradebook-daemon")
+
+
+def test_the_unshare_sandbox_grades_like_bubblewrap_and_protects_the_same_files(tmp_path):
+    root = _copy_course(tmp_path / "exercises")
+    done = run_nbgrader("generate_assignment", "ps1", "--force", course_root=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for student in UNSHARE_CLASS:
+        shutil.copytree(FIXTURES / "submitted" / student / "ps1", root / "submitted" / student / "ps1")
+    before = _protected(root)
+    done = _grading_command("autograde", "ps1", "--sandbox", "unshare", "--course-root", str(root))
+    assert done.returncode == 0 and "run in the `unshare` sandbox" in done.stderr, done.stderr[-3000:]
+    assert _protected(root) == before, "student code changed source/, course_lib or site-packages"
+    assert _processes_with(DAEMON_MARKER) == [], "the daemon outlived its kernel"
+    expected = pd.read_csv(FIXTURES / "expected_question_scores.csv")
+    expected = expected[(expected.assignment == "ps1") & expected.student_id.isin(UNSHARE_CLASS)]
+    assert question_scores(root, "ps1").to_csv(index=False) == expected.to_csv(index=False)
+    for student in ("course-lib-tamper", "gradebook-daemon"):
+        assert _report(root, "ps1", student)["withheld_scores"]["ps1"] == FLAGGED[(student, "ps1")]
+    stolen = _read(root / "autograded" / "exfiltration" / "ps1" / "ps1.ipynb")
+    text = _cell_outputs_text(stolen, "q4_answer")
+    assert "could not read ../../../source/ps3/ps3.ipynb FileNotFoundError" in text, text
+    assert not [line for line in _assignment_lines("ps3") if line in text]

@@ -11,14 +11,9 @@ import pytest
 
 from course_lib.batcher import DynamicBatcher
 from course_lib.batching_rule import poisson_arrivals_ms
-from course_lib.loadgen import (
-    batcher_target,
-    capacity_table,
-    coroutine_target,
-    run_open_loop,
-    sustainable_rate,
-    sweep_rates,
-)
+from course_lib.load_targets import batcher_target, coroutine_target
+from course_lib.loadgen import SPIN_WINDOW_S, run_open_loop
+from course_lib.rate_sweep import capacity_table, sustainable_rate, sweep_rates
 
 
 def run(coro, timeout_s: float = 20.0):
@@ -39,6 +34,21 @@ def test_every_scheduled_request_is_sent_once_and_recorded():
     assert (req["latency_ms"] >= 0).all()
     summary = result.summary()
     assert (summary["sent"], summary["ok"], summary["errors"]) == (200, 200, 0)
+
+
+def test_no_request_leaves_before_its_intended_send_time():
+    # Timer alone, or the coarse timer stopping SPIN_WINDOW_S early and the loop then yielding until
+    # the exact instant: the send lag is never negative (early sends would flatter the latencies).
+    for spin_s in (0.0, SPIN_WINDOW_S):
+        result = run(
+            run_open_loop(
+                instant, rate_rps=2000.0, n_requests=300, max_duration_s=10.0, seed=5, spin_s=spin_s
+            )
+        )
+        assert len(result.requests) == 300
+        assert (result.requests["lag_ms"] >= 0).all()
+    with pytest.raises(ValueError, match="spin_s"):
+        run(run_open_loop(instant, rate_rps=10.0, n_requests=1, max_duration_s=1.0, spin_s=-0.001))
 
 
 def test_the_schedule_is_poisson_from_the_seed_and_starts_at_zero():

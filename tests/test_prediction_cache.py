@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import threading
 
 import cachetools
-import numpy as np
-import pandas as pd
 import pytest
 
-from course_lib.data import FEATURE_COLUMNS
 from course_lib.prediction_cache import (
     CacheStats,
     InProcessPredictionCache,
     PredictionCache,
     PredictionKey,
     RedisPredictionCache,
-    features_digest,
 )
 from course_lib.redis_server import RedisUnavailableError, redis_server, redis_unavailable_reason
 from course_lib.waiting import wait_until
@@ -208,50 +202,6 @@ def test_constructor_errors_name_the_parameter():
         PredictionKey("", "SC-0000001", "snap")
     with pytest.raises(ValueError, match="customer_id"):
         PredictionKey("v1", "a|b", "snap")
-
-
-def test_features_key_is_stable_and_exact():
-    record = {name: 0 for name in __import__("course_lib.data", fromlist=["x"]).FEATURE_COLUMNS}
-    record["total_charges"] = math.nan
-    digest = features_digest(record)
-    assert digest == features_digest(dict(record)) and len(digest) == 24
-    changed = {**record, "tenure": 1}
-    assert features_digest(changed) != digest
-    assert PredictionKey.for_features("v1", record) != PredictionKey.for_features("v2", record)
-    with pytest.raises(ValueError, match="missing feature"):
-        features_digest({"tenure": 1})
-
-
-@pytest.mark.parametrize(
-    ("column", "values"),
-    [
-        ("tenure", [1, 1.0, np.int64(1), np.float32(1.0), np.float64(1.0), True, np.bool_(True)]),
-        ("total_charges", [None, math.nan, np.float32("nan"), np.float64("nan"), pd.NA, pd.NaT]),
-        ("monthly_charges", [29.85, np.float64(29.85)]),
-        ("contract", ["Month-to-month", np.str_("Month-to-month")]),
-    ],
-)
-def test_features_digest_normalises_equal_values(column, values):
-    base = {name: 0 for name in FEATURE_COLUMNS}
-    digests = {features_digest({**base, column: v}) for v in values}
-    assert len(digests) == 1, f"{column}: {values} give {len(digests)} different digests"
-
-
-def test_features_digest_keeps_different_values_apart_and_names_bad_types():
-    base = {name: 0 for name in FEATURE_COLUMNS}
-    distinct = [0, 1, 1.5, np.float32(0.1), 0.1, None, "1", math.inf, -math.inf]
-    assert len({features_digest({**base, "tenure": v}) for v in distinct}) == len(distinct)
-    missing = features_digest({**base, "total_charges": np.float32("nan")})
-    assert (
-        missing
-        == hashlib.sha256(
-            json.dumps(
-                [None if n == "total_charges" else 0 for n in FEATURE_COLUMNS], separators=(",", ":")
-            ).encode()
-        ).hexdigest()[:24]
-    )  # missing is written as JSON null
-    with pytest.raises(TypeError, match=r"'tenure'.*list"):
-        features_digest({**base, "tenure": [1]})
 
 
 # -- Redis: TTL per key on the server, evictions counted by the server ---------------------------

@@ -10,9 +10,11 @@ a gradebook) and with this checkout's ``course_lib`` importable by the grading k
 
 From a shell, ``python -m course_lib.grading`` autogrades in a sandbox, prints the pre-grading screen
 report, writes feedback and prints score tables (:mod:`course_lib.grading.cli`). The safe-grading parts
-live in submodules: :mod:`~course_lib.grading.sandbox` (bubblewrap kernels),
+live in submodules: :mod:`~course_lib.grading.sandbox` (sandboxed kernels: bubblewrap, else
+:mod:`~course_lib.grading.unshare`, both building :mod:`~course_lib.grading.view`),
 :mod:`~course_lib.grading.screen` (pre-grading screen), :mod:`~course_lib.grading.execute` (guarded
-execution, grades from errors only), :mod:`~course_lib.grading.feedback` (hidden tests hidden).
+execution, grades from errors only), :mod:`~course_lib.grading.feedback` (hidden tests hidden),
+:mod:`~course_lib.grading.validate` (students' Validate with the grader's rule).
 
 References
 ----------

@@ -2,14 +2,18 @@
 
 Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``exercises/``):
 
-``autograde PS [--student ID] [--force] [--unsafe]``
-    Checks that the kernel sandbox works (bubblewrap), refuses with the reason if not (unless
-    ``--unsafe``), runs ``nbgrader autograde PS``, then prints the screen report and the scores.
+``autograde PS [--student ID] [--force] [--sandbox auto|bwrap|unshare] [--unsafe]``
+    Checks that a kernel sandbox works (``auto``: bubblewrap, else util-linux ``unshare``), refuses
+    with the reason if none does (unless ``--unsafe``), runs ``nbgrader autograde PS`` with it, then
+    prints the screen report and the scores.
 ``report PS``
     The pre-grading screen report: per student, every normalisation, flag and withheld score.
 ``feedback PS [--full]``
     ``nbgrader generate_feedback PS``: hidden tests as pass/fail only; ``--full`` writes the
     instructor's version with hidden tests into ``feedback_full/`` instead.
+``validate NOTEBOOK [...]`` (for students)
+    Runs each notebook and checks it as the autograder will: a check fails only if it raises
+    (warnings and log messages do not count); exits 1 if any fails.
 ``scores [PS ...]`` (also the default: ``python -m course_lib.grading ps1``)
     Per-question score tables.
 """
@@ -25,11 +29,11 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib.grading import _course_root, question_scores, run_nbgrader, score_table
-from course_lib.grading.sandbox import find_sandbox
+from course_lib.grading.sandbox import MECHANISMS, find_sandbox
 
 __all__ = ["main", "screen_report"]
 
-COMMANDS = ("autograde", "report", "feedback", "scores")
+COMMANDS = ("autograde", "report", "feedback", "validate", "scores")
 #: Exit status when autograde refuses to run without a sandbox.
 EXIT_NO_SANDBOX = 3
 
@@ -62,7 +66,7 @@ def screen_report(course_root: str | os.PathLike | None, assignment: str) -> str
 
 
 def _autograde(args) -> int:
-    check = find_sandbox("none" if args.unsafe else "auto")
+    check = find_sandbox("none" if args.unsafe else args.sandbox)
     if check.mechanism is None and not args.unsafe:
         print(
             f"Refusing to autograde {args.assignment}: {check.reason}.\n"
@@ -71,15 +75,17 @@ def _autograde(args) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_SANDBOX
-    if args.unsafe:
+    if check.mechanism is not None:
+        print(f"Student kernels run in the `{check.mechanism}` sandbox.", file=sys.stderr)
+    else:
         print("WARNING: --unsafe: student code runs without a sandbox, with your rights.", file=sys.stderr)
     nbgrader_args = ["autograde", args.assignment]
     if args.student:
         nbgrader_args.append(f"--student={args.student}")
     if args.force:
         nbgrader_args.append("--force")
-    if args.unsafe:
-        nbgrader_args.append("--SandboxedKernelManager.sandbox=none")
+    # The mechanism that passed the check (nbgrader's kernels would otherwise search again).
+    nbgrader_args.append(f"--SandboxedKernelManager.sandbox={check.mechanism or 'none'}")
     done = run_nbgrader(*nbgrader_args, course_root=args.course_root, timeout_s=args.timeout_s)
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line or "There was an error" in line]
     print("\n".join(errors[-20:]) or "nbgrader autograde: no errors")
@@ -98,6 +104,16 @@ def _feedback(args) -> int:
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
     return done.returncode
+
+
+def _validate(args) -> int:
+    from course_lib.grading.validate import validate_notebook
+
+    failed = 0
+    for notebook in args.notebooks:
+        print(f"== {notebook}", flush=True)
+        failed += bool(validate_notebook(notebook, print_results=True))
+    return 1 if failed else 0
 
 
 def _print_scores(course_root, assignments: list[str]) -> None:
@@ -119,6 +135,12 @@ def main(argv: list[str] | None = None) -> None:
     grade.add_argument("--student", default=None, help="grade only this student")
     grade.add_argument("--force", action="store_true", help="grade again submissions already graded")
     grade.add_argument(
+        "--sandbox",
+        choices=("auto", *MECHANISMS),
+        default="auto",
+        help="sandbox mechanism (auto: bubblewrap, else unshare)",
+    )
+    grade.add_argument(
         "--unsafe", action="store_true", help="grade without a sandbox (student code gets your rights)"
     )
     grade.add_argument("--timeout-s", type=float, default=3600.0, help="limit for the whole command, seconds")
@@ -127,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     feedback = commands.add_parser("feedback", help="feedback without hidden tests (--full: with them)")
     feedback.add_argument("assignment")
     feedback.add_argument("--full", action="store_true", help="instructor version into feedback_full/")
+    check = commands.add_parser("validate", help="(students) check notebooks as the autograder will")
+    check.add_argument("notebooks", nargs="+", help="the .ipynb files to check")
     scores = commands.add_parser("scores", help="per-question score tables")
     scores.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
     for sub in (grade, report, feedback, scores):
@@ -139,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
         status = 0
     elif args.command == "feedback":
         status = _feedback(args)
+    elif args.command == "validate":
+        status = _validate(args)
     else:
         _print_scores(args.course_root, args.assignments)
         status = 0

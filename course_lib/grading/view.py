@@ -1,0 +1,235 @@
+"""What a sandboxed grading kernel sees: one description, built by every sandbox mechanism.
+
+:func:`kernel_view` lists the file system, environment and limits of a student's kernel; the
+mechanisms in :mod:`course_lib.grading.sandbox` (bubblewrap) and :mod:`course_lib.grading.unshare`
+(util-linux ``unshare``) build exactly this view, so the guarantees do not depend on which one runs:
+
+* read-only: the system folders (``/usr``, ``/opt``, merged-``/usr`` links or folders ``/bin``,
+  ``/lib``...), the parts of ``/etc`` in :data:`ETC_FILES`, the Python installation and virtual
+  environment, and ``course_lib``, ``data/`` and ``build/`` of this checkout;
+* a private ``/dev`` whose device nodes (:data:`DEVICES`) are bound read-only, and a ``/proc`` of
+  the kernel's own PID namespace with the host kernel's knobs (:data:`PROC_READ_ONLY`) read-only;
+* writable: the notebook's folder, which is a private scratch copy (``work_dir`` mounted at ``cwd``),
+  the folder of the kernel's connection file and ipc sockets, and a size-limited private ``/tmp``;
+* nothing else: the course root, ``source/``, other submissions, the gradebook and feedback do not
+  exist in the kernel's file system;
+* a clean environment (:data:`PASSED_ENV` plus fixed values) and, applied just before the kernel
+  starts, ``RLIMIT_AS`` (memory), ``RLIMIT_CPU`` (CPU seconds over the kernel's life) and
+  ``RLIMIT_FSIZE`` (largest file), then a new session (no terminal to inject keystrokes into).
+
+References
+----------
+``setrlimit(2)``, ``setsid(2)``; jupyter_client ``KernelManager.format_kernel_cmd``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DEVICES",
+    "ETC_FILES",
+    "GIB",
+    "MIB",
+    "PASSED_ENV",
+    "PROC_READ_ONLY",
+    "REPO_ROOT",
+    "KernelView",
+    "kernel_view",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GIB = 1024**3
+MIB = 1024**2
+#: The parts of /etc a Python kernel uses (the dynamic loader, time zone, fonts, certificates, user names);
+#: the rest of /etc (password hashes, host keys, credentials) stays out of the sandbox.
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/fonts",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/alternatives",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/mime.types",
+)
+#: Environment variables passed into the sandbox (everything else, tokens included, is dropped).
+PASSED_ENV = ("LANG", "LC_ALL", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TZ")
+#: Device nodes the kernel gets, bound read-only: writing to a device works, changing the node (its mode,
+#: owner) does not. A kernel run by root owns the host's nodes, so a writable bind would let it chmod them.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+#: /proc entries that change the host kernel (global sysctls, sysrq): read-only inside. Their permission
+#: checks look at the user id only, and a kernel run by root keeps root's id outside its namespace.
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+#: Top-level folders that are links into /usr on merged-/usr systems (kept as links), else bound.
+TOP_FOLDERS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32")
+# Applied inside the sandbox, then the kernel command is exec'd: argv = [mem, cpu, fsize, *cmd].
+# setsid fails (harmlessly) where the sandbox already made the process a session leader.
+_LIMITS_LAUNCHER = (
+    "import os, resource, sys\n"
+    "for name, value in zip(('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE'), sys.argv[1:4]):\n"
+    "    if int(value) > 0:\n"
+    "        resource.setrlimit(getattr(resource, name), (int(value), int(value)))\n"
+    "try:\n"
+    "    os.setsid()\n"
+    "except OSError:\n"
+    "    pass\n"
+    "os.execv(sys.argv[4], sys.argv[4:])\n"
+)
+
+
+@dataclass(frozen=True)
+class KernelView:
+    """The sandbox of one kernel, independent of the mechanism that builds it.
+
+    Attributes
+    ----------
+    read_only : tuple of (host path, path inside)
+        Bound read-only, in order (a later path may lie inside an earlier one).
+    symlinks : tuple of (target, path inside)
+        Links to create (merged-/usr ``/bin -> usr/bin``).
+    devices : tuple of str
+        Device nodes of :data:`DEVICES` that exist here, bound read-only at the same path in a
+        private ``/dev`` (which also holds ``shm`` and the ``fd``/``stdin``... links).
+    writable : tuple of (host path, path inside)
+        Bound read-write: the scratch copy at ``cwd`` first, then the ipc folder.
+    cwd : str
+        Working folder inside (the notebook's folder as the grader sees it).
+    env : dict of str to str
+        The whole environment of the kernel.
+    tmp_size_bytes : int
+        Size of the private ``/tmp``, bytes.
+    command : tuple of str
+        What to run inside: the limits launcher, the limits, then the kernel command.
+    """
+
+    read_only: tuple[tuple[str, str], ...]
+    symlinks: tuple[tuple[str, str], ...]
+    devices: tuple[str, ...]
+    writable: tuple[tuple[str, str], ...]
+    cwd: str
+    env: dict[str, str]
+    tmp_size_bytes: int
+    command: tuple[str, ...]
+
+
+def _read_only(paths: list[Path]) -> list[tuple[str, str]]:
+    """(real path, dest) for each existing path, at its real location and at the path as written."""
+    binds: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for path in paths:
+        if not os.path.lexists(path):
+            continue
+        real = os.path.realpath(path)
+        for dest in dict.fromkeys([real, os.path.abspath(path)]):
+            if dest not in seen:
+                binds.append((real, dest))
+                seen.add(dest)
+    return binds
+
+
+def _kernel_env(env: dict[str, str]) -> dict[str, str]:
+    kept = {key: env[key] for key in PASSED_ENV if key in env}
+    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+    return {
+        **kept,
+        "PATH": path,
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "IPYTHONDIR": "/tmp/.ipython",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        "NBGRADER_EXECUTION": env.get("NBGRADER_EXECUTION", "autograde"),
+        # ipykernel: 1 means "no parent to watch" (the sandbox dies with its parent anyway) and keeps
+        # it from printing its console banner into the grader's log.
+        "JPY_PARENT_PID": "1",
+    }
+
+
+def kernel_view(
+    kernel_cmd: list[str],
+    *,
+    cwd: str,
+    work_dir: str,
+    ipc_dir: str,
+    env: dict[str, str] | None = None,
+    memory_limit_bytes: int = 4 * GIB,
+    cpu_limit_s: int = 600,
+    file_size_limit_bytes: int = 256 * MIB,
+    tmp_size_bytes: int = 256 * MIB,
+) -> KernelView:
+    """Describe the sandbox that runs ``kernel_cmd``.
+
+    Parameters
+    ----------
+    kernel_cmd : list of str
+        The command to run (for a kernel: the formatted kernelspec ``argv``).
+    cwd : str
+        Working folder as the kernel sees it (the notebook's folder); ``work_dir`` is mounted there.
+    work_dir : str
+        Host folder mounted read-write at ``cwd``: the private scratch copy.
+    ipc_dir : str
+        Host folder mounted read-write at the same path: the connection file and ipc sockets.
+    env : dict, optional
+        Environment to pass (default: this process's); only :data:`PASSED_ENV` keys survive, plus
+        fixed HOME, PATH, PYTHONPATH.
+    memory_limit_bytes, cpu_limit_s, file_size_limit_bytes : int
+        ``RLIMIT_AS`` (bytes), ``RLIMIT_CPU`` (CPU seconds over the kernel's life), ``RLIMIT_FSIZE``
+        (bytes per file); 0 means no limit.
+    tmp_size_bytes : int
+        Size of the private ``/tmp`` tmpfs, bytes.
+
+    Returns
+    -------
+    KernelView
+
+    Raises
+    ------
+    ValueError
+        If a limit is negative.
+    """
+    limits = {
+        "memory_limit_bytes": memory_limit_bytes,
+        "cpu_limit_s": cpu_limit_s,
+        "file_size_limit_bytes": file_size_limit_bytes,
+        "tmp_size_bytes": tmp_size_bytes,
+    }
+    for name, value in limits.items():
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 (0: no limit), got {value}")
+    python_dirs = [
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(sys.executable).parent,
+    ]
+    symlinks = [(os.readlink(top), top) for top in TOP_FOLDERS if os.path.islink(top)]
+    top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
+    system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
+    # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
+    # can read them (the capstone's baseline) and never change them.
+    course = [REPO_ROOT / "course_lib", REPO_ROOT / "data", REPO_ROOT / "build"]
+    launcher = [sys.executable, "-I", "-c", _LIMITS_LAUNCHER]
+    launcher += [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes)]
+    return KernelView(
+        read_only=tuple(_read_only(top_dirs + system + python_dirs + course)),
+        symlinks=tuple(symlinks),
+        devices=tuple(dev for dev in DEVICES if os.path.exists(dev)),
+        writable=((work_dir, cwd), (ipc_dir, ipc_dir)),
+        cwd=cwd,
+        env=_kernel_env(dict(os.environ if env is None else env)),
+        tmp_size_bytes=tmp_size_bytes,
+        command=(*launcher, *kernel_cmd),
+    )

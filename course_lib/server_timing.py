@@ -1,0 +1,124 @@
+"""The ``Server-Timing`` HTTP header: stage durations written by a server and read by its client.
+
+One concept: the header's syntax, ``name;dur=<ms>`` entries joined by commas. A server reports where
+a request's time went (parse, lookup, forward, format) in the answer itself, and a client or a browser's
+developer tools read it back; :func:`format_server_timing` writes it, :func:`parse_server_timing` reads
+it (also other servers' headers). Metric names are RFC 9110 tokens; durations are finite
+milliseconds >= 0.
+
+References
+----------
+W3C, "Server Timing" (Working Draft), section "The Server-Timing header field".
+IETF RFC 9110, section 5.6.2 "Tokens".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["check_duration_ms", "check_metric_name", "format_server_timing", "parse_server_timing"]
+
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: a valid metric name
+
+
+def check_metric_name(name: object, *, what: str = "metric name") -> str:
+    """Return ``name`` if it is a header token; else ``ValueError`` naming ``what`` and the value."""
+    if not isinstance(name, str) or not _TOKEN.match(name):
+        raise ValueError(
+            f"{what} must be a non-empty token of letters, digits or !#$%&'*+-.^_`|~ "
+            f"(it becomes a Server-Timing metric name), got {name!r}"
+        )
+    return name
+
+
+def check_duration_ms(name: str, duration_ms: object) -> float:
+    """``duration_ms`` of stage ``name`` as a float; ``TypeError`` if not a number, ``ValueError`` if < 0 or not finite."""
+    if isinstance(duration_ms, bool) or not isinstance(duration_ms, (int, float, np.integer, np.floating)):
+        raise TypeError(
+            f"duration_ms of stage {name!r} must be a number of milliseconds, got {duration_ms!r}"
+        )
+    value = float(duration_ms)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"duration_ms of stage {name!r} must be finite and >= 0, got {duration_ms!r}")
+    return value
+
+
+def format_server_timing(stages_ms: Mapping[str, float], *, decimals: int = 3) -> str:
+    """Format stage durations as a ``Server-Timing`` header value.
+
+    Parameters
+    ----------
+    stages_ms : mapping of str -> float
+        Metric name (a token) -> duration in milliseconds.
+    decimals : int
+        Digits after the decimal point (3 = microsecond resolution).
+
+    Returns
+    -------
+    str
+        ``name;dur=1.234`` entries joined by ``", "``.
+
+    Raises
+    ------
+    ValueError
+        For a name that is not a token or a negative/non-finite duration.
+
+    References
+    ----------
+    W3C, "Server Timing", section "The Server-Timing header field".
+    """
+    return ", ".join(
+        f"{check_metric_name(name)};dur={check_duration_ms(name, ms):.{decimals}f}"
+        for name, ms in stages_ms.items()
+    )
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    """Parse a ``Server-Timing`` header value into {name: duration_ms}.
+
+    Every metric must carry a ``dur`` parameter (other parameters such as ``desc`` are ignored), so a
+    stage can never vanish silently. Optional whitespace around ``;`` and ``=`` is allowed, as in the
+    W3C grammar (``db; dur = 53`` is 53.0 ms). Quoted parameter values holding commas are not supported (they
+    raise rather than being mis-read).
+
+    Returns
+    -------
+    dict of str -> float
+        Metric name -> duration in ms, in header order.
+
+    Raises
+    ------
+    ValueError
+        If an entry has no valid name, no ``dur`` parameter, a ``dur`` that is not a number, or a
+        name appears twice.
+    TypeError
+        If ``header`` is not a string.
+    """
+    if not isinstance(header, str):
+        raise TypeError(f"header must be a str, got {type(header).__name__}")
+    out: dict[str, float] = {}
+    for entry in (part.strip() for part in header.split(",")):
+        if not entry:
+            continue
+        name, *params = (p.strip() for p in entry.split(";"))
+        if not _TOKEN.match(name):
+            raise ValueError(f"Server-Timing entry {entry!r} has no valid metric name")
+        # W3C Server Timing grammar: param = name OWS "=" OWS value, params joined by OWS ";" OWS.
+        pairs = [p.partition("=") for p in params]
+        durations = [
+            value.strip().strip('"') for key, eq, value in pairs if eq and key.strip().lower() == "dur"
+        ]
+        if not durations:
+            raise ValueError(f"Server-Timing entry {entry!r} has no dur=<ms> parameter")
+        try:
+            value = float(durations[0])
+        except ValueError:
+            raise ValueError(f"Server-Timing entry {entry!r} has a dur that is not a number") from None
+        if name in out:
+            raise ValueError(f"Server-Timing metric {name!r} appears twice in {header!r}")
+        out[name] = value
+    return out
