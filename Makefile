@@ -119,7 +119,6 @@ exercises: $(STAMP)
 		PATH="$(abspath $(BIN)):$$PATH" nbgrader generate_assignment $$ps --force || exit 1; \
 	done
 	$(BIN)/python tests/fixtures/grading/make_fixtures.py
-	$(BIN)/python tests/fixtures/capstone/make_fixtures.py
 
 clean:
 	rm -rf build .pytest_cache

@@ -5,7 +5,7 @@ The root is pinned to this file's folder, so a copy of the folder (as the CI rou
 into its own gradebook and never touches this one.
 
 Autograding runs student code in a sandbox and grades it safely (``course_lib.grading``, see
-``python -m course_lib.grading autograde --help``): each kernel runs under bubblewrap with the course
+``python -m course_lib.grading autograde --help``): each kernel runs under bubblewrap (else util-linux unshare) with the course
 root invisible, the environment read-only, no network and memory/CPU limits; a pre-grading screen
 normalises duplicated or split grade cells and flags kernel-level code for review; test cells score
 from errors only, after a guard clears hooks; a cell that kills or hangs its kernel costs only its own
@@ -86,7 +86,7 @@ c.Autograde.autograde_preprocessors = [
 ]
 c.ScreenSubmission.report_dir = os.path.join(COURSE_ROOT, "reports")
 c.ErrorOnlyGrades.report_dir = os.path.join(COURSE_ROOT, "reports")
-# Kernel sandbox (bubblewrap) and its limits: 4 GiB of address space, 600 CPU seconds per kernel.
+# Kernel sandbox (auto: bubblewrap, else unshare) and its limits: 4 GiB of address space, 600 CPU seconds per kernel.
 c.SandboxedKernelManager.sandbox = "auto"
 c.SandboxedKernelManager.memory_limit_bytes = 4 * 1024**3
 c.SandboxedKernelManager.cpu_limit_s = 600
