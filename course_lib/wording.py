@@ -47,7 +47,7 @@ def ratio_phrase(
     str
         ``f"{before / after:.{digits}f}x {less}"`` when ``after < before``,
         ``f"{after / before:.{digits}f}x {more}"`` when ``after > before``, so the ratio is always >= 1;
-        ``f"{less} to zero"`` when ``after == 0 < before``, ``f"{more}, from zero"`` when ``before == 0 < after``.
+        ``f"{less}, down to zero"`` when ``after == 0 < before``, ``f"{more}, up from zero"`` when ``before == 0 < after``.
 
     Raises
     ------
@@ -60,9 +60,9 @@ def ratio_phrase(
     if before == after:
         return same
     if after == 0:
-        return f"{less} to zero"
+        return f"{less}, down to zero"
     if before == 0:
-        return f"{more}, from zero"
+        return f"{more}, up from zero"
     factor, word = (before / after, less) if after < before else (after / before, more)
     text = f"{factor:.{digits}f}"
     if float(text) == 1.0:

@@ -24,8 +24,8 @@ def test_equal_or_rounding_to_one_is_same():
 
 
 def test_zero_ends():
-    assert ratio_phrase(3.0, 0.0, less="fewer") == "fewer to zero"
-    assert ratio_phrase(0.0, 3.0, more="more") == "more, from zero"
+    assert ratio_phrase(3.0, 0.0, less="fewer") == "fewer, down to zero"
+    assert ratio_phrase(0.0, 3.0, more="more") == "more, up from zero"
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
