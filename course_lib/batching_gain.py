@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["GainVerdict", "amdahl_bound", "bound_verdict", "gain_verdict", "median_round_trip_ms"]
+__all__ = [
+    "GainVerdict",
+    "amdahl_bound",
+    "bound_verdict",
+    "gain_texts",
+    "gain_verdict",
+    "median_round_trip_ms",
+]
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,39 @@ def gain_verdict(capacity: pd.DataFrame, baselines: Sequence[str], batched: str)
             f"both found their limit on the ladder: the gain lies in [{low:.2f}x, {high:.2f}x]",
         )
     return GainVerdict(ratio, low, high, text, caveat, best)
+
+
+def gain_texts(capacity: pd.DataFrame, baselines: Sequence[str]) -> pd.Series:
+    """Every target's gain over the best baseline, worded as :func:`gain_verdict` words it.
+
+    For a table column that follows the same rule as the sentence printed from ``gain_verdict``:
+    "2.0x", "at least 16.0x", "at most 0.8x"; where no baseline met the limit at any rung, the
+    baselines' own rows say so in words ("no baseline met the limit") instead of NaN or inf.
+
+    Parameters
+    ----------
+    capacity : DataFrame from ``course_lib.rate_sweep.capacity_table``, indexed by target.
+    baselines : names of the one-call-per-request targets; the one that sustained most is used.
+
+    Returns
+    -------
+    Series of str indexed like ``capacity``, named ``gain``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`gain_verdict`: an unknown name or no baseline.
+    """
+    if not baselines:
+        raise ValueError("baselines is empty: name at least one one-call-per-request target")
+    none_met = max(_rung(capacity, name, "sustained_rps") for name in baselines) <= 0
+    texts = {
+        name: "no baseline met the limit"
+        if none_met and name in baselines
+        else gain_verdict(capacity, baselines, name).text
+        for name in capacity.index
+    }
+    return pd.Series(texts, name="gain")
 
 
 def amdahl_bound(

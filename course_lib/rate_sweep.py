@@ -9,7 +9,7 @@ with offered, achieved and p99 columns (the simulator's too).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 import pandas as pd
@@ -161,14 +161,16 @@ async def sweep_rates(
     return pd.DataFrame(rows)
 
 
-def capacity_table(sweep: pd.DataFrame, *, baseline: str) -> pd.DataFrame:
+def capacity_table(sweep: pd.DataFrame, *, baseline: str | Sequence[str]) -> pd.DataFrame:
     """Per target of a ``sweep_rates`` table: the highest rate that met the SLO and the gain over a baseline.
 
     Parameters
     ----------
     sweep : output of ``sweep_rates`` (its ``met_slo`` column carries the SLO that was applied).
-    baseline : str
-        Target the ``gain`` column divides by (e.g. the one-call-per-request configuration).
+    baseline : str or sequence of str
+        Target the ``gain`` column divides by (e.g. the one-call-per-request configuration). With several
+        names the one that sustained the highest rate is used, the rule of
+        ``course_lib.batching_gain.gain_verdict``; its name is in ``table.attrs["baseline"]``.
 
     Returns
     -------
@@ -183,10 +185,14 @@ def capacity_table(sweep: pd.DataFrame, *, baseline: str) -> pd.DataFrame:
     Raises
     ------
     ValueError
-        If ``baseline`` is not a target of the sweep.
+        If a ``baseline`` is not a target of the sweep, or none is named.
     """
-    if baseline not in set(sweep["target"]):
-        raise ValueError(f"baseline {baseline!r} is not one of the targets {sorted(set(sweep['target']))}")
+    baselines = [baseline] if isinstance(baseline, str) else list(baseline)
+    if not baselines:
+        raise ValueError("baseline is empty: name at least one target to divide by")
+    for name in baselines:
+        if name not in set(sweep["target"]):
+            raise ValueError(f"baseline {name!r} is not one of the targets {sorted(set(sweep['target']))}")
     rows = {}
     for name, runs in sweep.groupby("target", sort=False):
         good = runs[runs["met_slo"]]
@@ -202,6 +208,8 @@ def capacity_table(sweep: pd.DataFrame, *, baseline: str) -> pd.DataFrame:
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "target"
-    base = table.loc[baseline, "sustained_rps"]
+    best = max(baselines, key=lambda name: table.loc[name, "sustained_rps"])
+    base = table.loc[best, "sustained_rps"]
     table["gain"] = table["sustained_rps"] / base if base > 0 else math.nan
+    table.attrs["baseline"] = best
     return table

@@ -8,7 +8,13 @@ import math
 import pandas as pd
 import pytest
 
-from course_lib.batching_gain import amdahl_bound, bound_verdict, gain_verdict, median_round_trip_ms
+from course_lib.batching_gain import (
+    amdahl_bound,
+    bound_verdict,
+    gain_texts,
+    gain_verdict,
+    median_round_trip_ms,
+)
 
 NAN = math.nan
 
@@ -109,3 +115,21 @@ def test_median_round_trip_excludes_warmup_and_checks_arguments():
         asyncio.run(median_round_trip_ms(post, [], n_requests=3))
     with pytest.raises(ValueError, match="n_requests > warmup_requests"):
         asyncio.run(median_round_trip_ms(post, [1], n_requests=2, warmup_requests=2))
+
+
+def test_gain_texts_follow_the_verdict_rule_for_every_row():
+    table = capacity({"thread": (0, 25), "loop": (50, 100), "batched": (800, 1600)})
+    texts = gain_texts(table, ["thread", "loop"])
+    assert texts["batched"] == gain_verdict(table, ["thread", "loop"], "batched").text == "16.0x"
+    assert texts["loop"] == "1.0x"  # the better baseline, which the sentence divides by
+    assert texts["thread"] == "0.0x"
+
+
+def test_gain_texts_say_plainly_when_no_baseline_met_the_limit():
+    table = capacity({"one": (0, 25), "batched": (400, 800)})
+    texts = gain_texts(table, ["one"])
+    assert texts["one"] == "no baseline met the limit"
+    assert texts["batched"] == "at least 16.0x"
+    assert not any("nan" in t or "inf" in t for t in texts)
+    with pytest.raises(ValueError, match="baselines is empty"):
+        gain_texts(table, [])

@@ -224,6 +224,25 @@ def test_capacity_table_gain_is_nan_when_the_baseline_never_met_the_slo():
     assert np.isnan(table.loc["many", "gain"])
 
 
+def test_capacity_table_divides_by_the_best_of_several_baselines():
+    sweep = _sweep_rows(
+        [
+            ("thread", 50.0, 49.0, 10.0, 900.0, 1.0, False),
+            ("loop", 50.0, 49.0, 49.0, 30.0, 1.0, True),
+            ("many", 50.0, 49.0, 49.0, 9.0, 2.0, True),
+            ("loop", 100.0, 99.0, 60.0, 900.0, 1.0, False),
+            ("many", 100.0, 99.0, 99.0, 9.0, 2.0, True),
+        ]
+    )
+    table = capacity_table(sweep, baseline=["thread", "loop"])
+    assert table.attrs["baseline"] == "loop"
+    assert table["gain"].to_dict() == {"thread": 0.0, "loop": 1.0, "many": 2.0}
+    with pytest.raises(ValueError, match="baseline 'none' is not one of the targets"):
+        capacity_table(sweep, baseline=["loop", "none"])
+    with pytest.raises(ValueError, match="baseline is empty"):
+        capacity_table(sweep, baseline=[])
+
+
 def test_batcher_target_checks_the_knobs_before_any_run():
     with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
         batcher_target(lambda xs: xs, [1], max_batch_size=0, max_queue_delay_ms=0.0)
