@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--p99-limit-ms", type=float, default=100.0)
     parser.add_argument("--duration-s", type=float, default=1.5, help="seconds per rung")
-    parser.add_argument("--generators", type=int, default=1, help="generator processes")
+    parser.add_argument("--generators", type=int, default=2, help="generator processes (as in Lesson 6)")
     parser.add_argument("--out", type=Path, default=None, help="write the record here (JSON)")
     args = parser.parse_args()
     print(env_report())
@@ -45,7 +45,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(GeneratorPool(args.generators))
         with serve_null(lifetime_s=120) as null_url:
-            gen_limit, _ = generator_limit(pool, null_url, [250, 500, 1000, 2000, 4000], duration_s=1.0)
+            gen_limit, _ = generator_limit(pool, null_url, [100, 250, 500, 1000, 2000, 4000], duration_s=1.0)
         print(f"generator limit (send-lag p99 <= 1 ms): {gen_limit:,.0f} requests/s")
         urls = {
             name: stack.enter_context(serve_churn(lifetime_s=900, startup_timeout_s=300, **kw)).url

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ SEND_LAG_BOUND_MS = 1.0
 #: Default ``spin_s`` of a generator in its own process (``course_lib.generators``): it sleeps on the
 #: event loop's timer until this long before a send, then yields to the loop (``asyncio.sleep(0)``,
 #: which still handles answers) until the intended instant. Timers alone wake up to a millisecond or
-#: more late (libuv keeps time in whole ms), which would spend the whole ``SEND_LAG_BOUND_MS``; the
-#: cost is at most this much busy CPU per request (s).
+#: more late (libuv keeps time in whole ms; 1 ms was measured too short), which would spend the whole
+#: ``SEND_LAG_BOUND_MS``; the cost is at most this much CPU per request (s), spent yielding
+#: (``os.sched_yield``) so that a server on the same cores still gets them.
 SPIN_WINDOW_S = 0.002
 
 
@@ -276,6 +278,8 @@ async def run_open_loop(
         if wait > 0:  # the event loop's timers are coarse (whole milliseconds in uvloop/libuv) ...
             await asyncio.sleep(wait)
         while clock() < due:  # ... so the last stretch yields to the loop until the instant (never early)
+            if spin_s:
+                os.sched_yield()  # and to other processes: a busy 2-core machine has the server to run
             await asyncio.sleep(0)
         tasks.append(asyncio.create_task(one(i, due)))
     if tasks:
