@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from course_lib.loadgen import LoadResult, _check_positive, _outcome
+from course_lib.checks import positive_number
+from course_lib.loadgen import LoadResult, outcome_of
 from course_lib.percentiles import percentiles
 
 __all__ = [
@@ -66,7 +67,7 @@ def corrected_latencies(latencies_ms: np.ndarray, expected_interval_ms: float) -
     ValueError
         For a non-positive interval, or negative or NaN latencies.
     """
-    interval = _check_positive("expected_interval_ms", expected_interval_ms)
+    interval = positive_number("expected_interval_ms", expected_interval_ms)
     lat = np.asarray(latencies_ms, dtype=float).ravel()
     if np.isnan(lat).any() or (lat < 0).any():
         raise ValueError("latencies_ms must be >= 0 and not NaN (drop failed requests first)")
@@ -104,7 +105,7 @@ def stall_vector(
         ("duration_ms", duration_ms),
         ("service_ms", service_ms),
     ):
-        _check_positive(name, value)
+        positive_number(name, value)
     stall_end = stall_start_ms + stall_ms
 
     def answer_at(t: float) -> float:
@@ -135,9 +136,9 @@ class StallingTarget:
     """
 
     def __init__(self, *, service_ms: float = 1.0, stall_start_s: float, stall_s: float):
-        self.service_s = _check_positive("service_ms", service_ms) / 1000.0
+        self.service_s = positive_number("service_ms", service_ms) / 1000.0
         self.stall_start_s = float(stall_start_s)
-        self.stall_s = _check_positive("stall_s", stall_s)
+        self.stall_s = positive_number("stall_s", stall_s)
         self.t0 = time.perf_counter()
         self.calls = 0
 
@@ -183,8 +184,8 @@ async def run_closed_loop(
     """
     if isinstance(users, bool) or not isinstance(users, int) or users < 1:
         raise ValueError(f"users must be an integer >= 1, got {users!r}")
-    duration = _check_positive("duration_s", duration_s)
-    timeout = _check_positive("request_timeout_s", request_timeout_s)
+    duration = positive_number("duration_s", duration_s)
+    timeout = positive_number("request_timeout_s", request_timeout_s)
     if not interval_ms >= 0:
         raise ValueError(f"interval_ms must be >= 0, got {interval_ms!r}")
     clock = time.perf_counter
@@ -201,7 +202,7 @@ async def run_closed_loop(
                 async with asyncio.timeout(timeout):
                     await send(i)
             except Exception as exc:
-                kind = "timeout" if isinstance(exc, TimeoutError) else _outcome(exc)
+                kind = outcome_of(exc)
                 row.update(ok=False, outcome=kind, error=f"{type(exc).__name__}: {exc}", latency_ms=math.nan)
             else:
                 row.update(ok=True, outcome="ok", error="", latency_ms=1000.0 * (clock() - sent))

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from course_lib.loadgen import SEND_LAG_BOUND_MS, LoadResult, _check_positive
+from course_lib.checks import positive_number
+from course_lib.loadgen import SEND_LAG_BOUND_MS, LoadResult
 from course_lib.percentiles import percentile, percentiles
 from course_lib.simulator import poisson_arrivals_ms
 
@@ -59,7 +60,7 @@ def step_row(
     the p99 limit per second of schedule), ``lag_p99_ms``, ``generator_ok`` and ``met_slo``
     (p99 <= limit and error rate < ``max_error_rate``).
     """
-    limit = _check_positive("p99_limit_ms", p99_limit_ms)
+    limit = positive_number("p99_limit_ms", p99_limit_ms)
     s = result.summary(lag_bound_ms=lag_bound_ms)
     req = result.requests
     ok = req[req["ok"]]
@@ -160,7 +161,7 @@ def spike_schedule(
     ]
     parts = []
     for k, (rate, t0, length) in enumerate(phases):
-        _check_positive("rate", rate)
+        positive_number("rate", rate)
         if length <= 0:
             continue
         n = int(rate * length * 2) + 20
@@ -183,8 +184,8 @@ def rolling_p99(requests: pd.DataFrame, *, window_ms: float = 500.0, step_ms: fl
     DataFrame with ``t_ms`` (window end), ``requests``, ``failed`` and ``p99_ms`` (nearest rank over
     all requests in the window, +inf when more than 1% of them failed).
     """
-    window = _check_positive("window_ms", window_ms)
-    step = _check_positive("step_ms", step_ms)
+    window = positive_number("window_ms", window_ms)
+    step = positive_number("step_ms", step_ms)
     t = requests["scheduled_ms"].to_numpy()
     lat = np.where(requests["ok"].to_numpy(), requests["latency_ms"].to_numpy(), np.inf)
     rows = []

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.batching_rule import poisson_arrivals_ms
+from course_lib.checks import positive_number
 from course_lib.percentiles import percentiles
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "HttpStatusError",
     "LoadResult",
     "Send",
+    "outcome_of",
     "run_open_loop",
 ]
 
@@ -69,7 +71,8 @@ class HttpStatusError(RuntimeError):
         self.retry_after = retry_after
 
 
-def _outcome(exc: BaseException) -> str:
+def outcome_of(exc: BaseException) -> str:
+    """Which of ``OUTCOMES`` a failed request ends as: ``timeout``, ``shed`` (HTTP 429/503) or ``error``."""
     if isinstance(exc, TimeoutError):
         return "timeout"
     if isinstance(exc, HttpStatusError) and exc.status in (429, 503):
@@ -166,14 +169,6 @@ class LoadResult:
         return row
 
 
-def _check_positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return float(value)
-
-
 async def run_open_loop(
     send: Send,
     *,
@@ -222,9 +217,9 @@ async def run_open_loop(
         For a rate, duration or timeout that is not a finite number > 0, ``n_requests`` < 1, a
         negative ``spin_s``, or a schedule that is empty, not finite or decreasing.
     """
-    rate = _check_positive("rate_rps", rate_rps)
-    duration = _check_positive("max_duration_s", max_duration_s)
-    timeout = _check_positive("request_timeout_s", request_timeout_s)
+    rate = positive_number("rate_rps", rate_rps)
+    duration = positive_number("max_duration_s", max_duration_s)
+    timeout = positive_number("request_timeout_s", request_timeout_s)
     if isinstance(spin_s, bool) or not isinstance(spin_s, (int, float)) or not 0 <= spin_s < 1:
         raise ValueError(f"spin_s must be a number of seconds in [0, 1), got {spin_s!r}")
     if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 1:
@@ -258,7 +253,7 @@ async def run_open_loop(
                 latency_ms=math.nan,
             )
         except Exception as exc:
-            kind = _outcome(exc)
+            kind = outcome_of(exc)
             row.update(
                 ok=False,
                 outcome=kind,

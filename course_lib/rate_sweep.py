@@ -14,7 +14,8 @@ from contextlib import AbstractAsyncContextManager
 
 import pandas as pd
 
-from course_lib.loadgen import Send, _check_positive, run_open_loop
+from course_lib.checks import positive_number
+from course_lib.loadgen import Send, run_open_loop
 
 __all__ = ["capacity_table", "sustainable_rate", "sweep_rates"]
 
@@ -47,7 +48,7 @@ def sustainable_rate(
     ValueError
         For a limit that is not > 0, a fraction outside (0, 1], or a missing column.
     """
-    _check_positive("p99_limit_ms", p99_limit_ms)
+    positive_number("p99_limit_ms", p99_limit_ms)
     if not 0 < min_achieved_fraction <= 1:
         raise ValueError(f"min_achieved_fraction must be in (0, 1], got {min_achieved_fraction!r}")
     missing = [c for c in ("offered_rps", "p99_ms", achieved_column) if c not in table.columns]
@@ -121,7 +122,7 @@ async def sweep_rates(
     ValueError
         For a p99 limit that is not > 0 or a negative ``retries``.
     """
-    limit = _check_positive("p99_limit_ms", p99_limit_ms)
+    limit = positive_number("p99_limit_ms", p99_limit_ms)
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
     if not 0 < min_done_fraction <= 1:

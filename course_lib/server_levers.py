@@ -28,9 +28,10 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib.capacity_record import read_measurement, write_measurement
+from course_lib.checks import positive_number
 from course_lib.data import DATA_DIR
 from course_lib.knee import MAX_ERROR_RATE, find_knee, step_row
-from course_lib.loadgen import LoadResult, _check_positive
+from course_lib.loadgen import LoadResult
 
 __all__ = [
     "LEVER_CONFIGS",
@@ -84,7 +85,7 @@ def interleaved_knees(
     -------
     dict name -> step table (one ``step_row`` per rung that configuration ran).
     """
-    limit = _check_positive("p99_limit_ms", p99_limit_ms)
+    limit = positive_number("p99_limit_ms", p99_limit_ms)
     order = list(names)
     if not order:
         raise ValueError("names must hold at least one configuration")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from course_lib.checks import positive_number
 from course_lib.percentiles import percentile
 
 __all__ = [
@@ -36,16 +37,8 @@ __all__ = [
 ]
 
 
-def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return float(value)
-
-
 def _check_fraction(name: str, value: float) -> float:
-    value = _check_positive(name, value, allow_zero=True)
+    value = positive_number(name, value, allow_zero=True)
     if value > 1:
         raise ValueError(f"{name} must be a fraction in [0, 1], got {value!r}")
     return value
@@ -85,10 +78,10 @@ def service_times_ms(
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    median_ms = _check_positive("median_ms", median_ms)
-    sigma = _check_positive("sigma", sigma)
+    median_ms = positive_number("median_ms", median_ms)
+    sigma = positive_number("sigma", sigma)
     slow_fraction = _check_fraction("slow_fraction", slow_fraction)
-    slow_ms = _check_positive("slow_ms", slow_ms, allow_zero=True)
+    slow_ms = positive_number("slow_ms", slow_ms, allow_zero=True)
     rng = np.random.default_rng(seed)
     body = median_ms * np.exp(sigma * rng.standard_normal(int(n)))
     return body + slow_ms * (rng.random(int(n)) < slow_fraction)
@@ -171,7 +164,7 @@ def simulate_hedging(
     delay = (
         math.inf
         if hedge_after_ms is None
-        else _check_positive("hedge_after_ms", hedge_after_ms, allow_zero=True)
+        else positive_number("hedge_after_ms", hedge_after_ms, allow_zero=True)
     )
     hedged = primary > delay
     latency = np.where(hedged, np.minimum(primary, delay + backup), primary)
@@ -207,9 +200,9 @@ def fanout_page_latency_ms(call_latency_ms: np.ndarray, k: int) -> np.ndarray:
 
 def events_per_minute(rate_rps: float, one_in: float) -> float:
     """How often a 1-in-``one_in`` event happens at ``rate_rps`` requests a second, per minute."""
-    return _check_positive("rate_rps", rate_rps) * 60.0 / _check_positive("one_in", one_in)
+    return positive_number("rate_rps", rate_rps) * 60.0 / positive_number("one_in", one_in)
 
 
 def implied_rate_rps(per_minute: float, one_in: float) -> float:
     """The request rate at which a 1-in-``one_in`` event happens ``per_minute`` times a minute."""
-    return _check_positive("per_minute", per_minute) * _check_positive("one_in", one_in) / 60.0
+    return positive_number("per_minute", per_minute) * positive_number("one_in", one_in) / 60.0
