@@ -192,11 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m course_lib.lesson_map", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
-        "--changed", nargs="+", metavar="FILE", help="changed files (e.g. from git diff --name-only)"
+        "--changed", nargs="*", metavar="FILE", help="changed files (e.g. from git diff --name-only)"
     )
     args = parser.parse_args(argv)
     lesson_map = build_lesson_map()
-    if args.changed:
+    if args.changed is not None:
+        if not args.changed:
+            print("no changed files: nothing to re-execute")
+            return 0
         notebooks, unmapped = lesson_map.to_re_execute(args.changed)
         for nb in notebooks:
             print(nb)

@@ -101,3 +101,11 @@ def test_the_validate_command_exits_1_on_a_failing_check_and_0_when_all_pass(tmp
     assert stopped.value.code == 1 and "VALIDATION FAILED ON 1 CELL(S)" in capsys.readouterr().out
     main(["validate", str(warns)])
     assert "Success! Your notebook passes all the tests." in capsys.readouterr().out
+
+
+def test_validate_names_a_missing_notebook_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["validate", str(tmp_path / "ps9.ipynb")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"validate: no such notebook: {tmp_path / 'ps9.ipynb'}"

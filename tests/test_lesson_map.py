@@ -82,3 +82,8 @@ def test_changed_notebooks_name_themselves_and_other_files_are_reported(capsys):
     assert lesson in out.splitlines()
     assert set(build_lesson_map().lessons_using("course_lib.cost")) <= set(out.splitlines())
     assert "README.md" in err
+
+
+def test_an_empty_change_list_names_nothing_to_re_execute(capsys):
+    assert main(["--changed"]) == 0
+    assert capsys.readouterr().out.strip() == "no changed files: nothing to re-execute"

@@ -109,6 +109,10 @@ def _feedback(args) -> int:
 def _validate(args) -> int:
     from course_lib.grading.validate import validate_notebook
 
+    missing = [nb for nb in args.notebooks if not Path(nb).is_file()]
+    if missing:
+        print(f"validate: no such notebook: {', '.join(map(str, missing))}", file=sys.stderr)
+        return 2
     failed = 0
     for notebook in args.notebooks:
         print(f"== {notebook}", flush=True)
