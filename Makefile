@@ -102,7 +102,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/server_levers.py
 	$(BIN)/python benchmarks/batch_scoring.py
 
-# Which lessons to re-execute after changing a module: make lesson-map CHANGED="course_lib/batching_rule.py"
+# Which lessons to re-execute after changing a module: make lesson-map CHANGED="course_lib/serving/batching/rule.py"
 lesson-map: $(STAMP)
 	$(BIN)/python -m course_lib.lesson_map $(if $(CHANGED),--changed $(CHANGED),)
 

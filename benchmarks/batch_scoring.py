@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course_lib.batch_scoring import SEED_000_ROWS_PER_S, build_parquet_store
-from course_lib.env import env_report
+from course_lib.core.env import env_report
+from course_lib.offline.job import SOURCE000_ROWS_PER_S, build_parquet_store
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
         store = build_parquet_store(n, 0)
         out = Path(tempfile.mkdtemp(prefix="batch_scores_"))
         try:
-            cmd = [sys.executable, "-m", "course_lib.batch_scoring", "--source", str(store), "--out", str(out),
+            cmd = [sys.executable, "-m", "course_lib.offline", "--source", str(store), "--out", str(out),
                    "--runtime", "auto", "--threads", str(args.threads), "--no-progress"]  # fmt: skip
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             s = json.loads(done.stdout.strip().splitlines()[-1])
@@ -38,7 +38,7 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
         print(
             f"{n:>11,} customers: {s['seconds']:6.1f} s, {s['rows_per_s']:>9,.0f} rows/s "
-            f"({s['rows_per_s'] / SEED_000_ROWS_PER_S:,.0f}x seed 000's {SEED_000_ROWS_PER_S:,.0f} rows/s), "
+            f"({s['rows_per_s'] / SOURCE000_ROWS_PER_S:,.0f}x source 000's {SOURCE000_ROWS_PER_S:,.0f} rows/s), "
             f"peak RSS {s['peak_rss_mib']:,.0f} MiB, runtime {s['runtime']}, {s['rows_rejected']} rejected"
         )
 

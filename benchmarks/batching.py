@@ -7,7 +7,7 @@ every rung of a ladder of offered rates: ``max_batch_size=1`` (one call per requ
 worker thread like the batcher's), the same with the model on the event loop, and dynamic batching.
 Each climbs until it first misses the p99 limit; the table shows the highest rate it sustained and
 the gain over the better one-call-per-request baseline. ``--http`` repeats the comparison through
-the real server (``course_lib.batching_service``, ``POST /predict``) on 127.0.0.1, where per-request
+the real server (``course_lib.serving.batching.predict``, ``POST /predict``) on 127.0.0.1, where per-request
 HTTP, JSON and lookup work does not batch (Amdahl's law).
 
 Run: ``python benchmarks/batching.py`` (about 2 minutes on 2 cores; ``--http`` adds about 1.5 minutes).
@@ -23,13 +23,13 @@ import contextlib
 import pandas as pd
 
 from course_lib import env_report
-from course_lib.batching_service import run_server
-from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-from course_lib.feature_store import FeatureStore
-from course_lib.load_targets import batcher_target, http_client_target
-from course_lib.model import load_or_train_churn_model
-from course_lib.rate_sweep import capacity_table, sweep_rates
-from course_lib.service import native_forward, onnx_forward
+from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+from course_lib.churn.model import load_or_train_churn_model
+from course_lib.measure.rate_sweep import capacity_table, sweep_rates
+from course_lib.measure.targets import batcher_target, http_client_target
+from course_lib.serving.batching.predict import run_server
+from course_lib.serving.feature_store import FeatureStore
+from course_lib.serving.service import native_forward, onnx_forward
 
 BASELINE = "one call per request"
 BASELINE_ON_LOOP = "one call per request, model on the event loop"

@@ -1,6 +1,6 @@
 """How fast can the load generator itself go? httpx in one process vs aiohttp + uvloop in 1 and 2 processes.
 
-Every client offers the same Poisson schedules to a null HTTP server (``course_lib.generators.serve_null``,
+Every client offers the same Poisson schedules to a null HTTP server (``course_lib.measure.generators.serve_null``,
 a separate process that answers ``{}`` at once) on 127.0.0.1. Per client and offered rate the table gives
 the send-lag p99 and maximum (actual minus intended send time) and whether every request was answered;
 the limit of a client is the highest rate whose send-lag p99 stayed within 1 ms. Clients take turns at
@@ -19,9 +19,9 @@ import asyncio
 import pandas as pd
 
 from course_lib import env_report
-from course_lib.generators import GeneratorPool, serve_null
-from course_lib.load_targets import http_client_target
-from course_lib.loadgen import SEND_LAG_BOUND_MS, run_open_loop
+from course_lib.measure.generators import GeneratorPool, serve_null
+from course_lib.measure.loadgen import SEND_LAG_BOUND_MS, run_open_loop
+from course_lib.measure.targets import http_client_target
 
 RATES_RPS = (100, 260, 520, 1000, 2000, 4000)
 

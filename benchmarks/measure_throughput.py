@@ -8,12 +8,12 @@ GPU (a machine with an NVIDIA GPU, xgboost built with CUDA, optionally onnxrunti
     OMP_NUM_THREADS=1 python benchmarks/measure_throughput.py --device cuda
     -> data/measurements/gpu_throughput.json   (CPU references are measured in the same run)
 
-Each batch size times all candidates side by side (course_lib.throughput.measure_batch_latency:
+Each batch size times all candidates side by side (course_lib.measure.throughput._measure.measure_batch_latency:
 9 interleaved rounds, warm-up excluded, threads pinned to 1). The p99 held to the limit is the median
 of the per-round p99s, so a scheduler stall that hits a minority of rounds on a shared machine does
 not pick the batch size; the pooled p99 of all calls is stored beside it. Only the model call is timed.
 On 2 cores the CPU run takes about 15-30 s. Nothing is asserted;
-the script prints the tables and the ratios and writes a JSON record (course_lib.throughput) that
+the script prints the tables and the ratios and writes a JSON record (course_lib.measure.throughput._measure) that
 Lesson 5 reads. With --device cuda it stops with exit code 2 and a message if there is no CUDA GPU or
 a requested runtime cannot use it; it never writes GPU numbers it did not measure.
 """
@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing course_lib
     sys.path.insert(0, str(ROOT))
 
-from course_lib.env import env_report  # noqa: E402
-from course_lib.throughput import (  # noqa: E402
+from course_lib.core.env import env_report  # noqa: E402
+from course_lib.measure.throughput import (  # noqa: E402
     MEASUREMENTS_DIR,
     ThroughputRecord,
     churn_candidates,
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"measure_throughput: cannot measure on CUDA: {exc}", file=sys.stderr)
             return 2
 
-    from course_lib.export import pipeline_to_onnx
-    from course_lib.model import load_or_train_churn_model
+    from course_lib.churn.export import pipeline_to_onnx
+    from course_lib.churn.model import load_or_train_churn_model
 
     report = env_report()
     print(report)
@@ -229,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     placement: dict[str, dict[str, int]] = {}
     onnx_cands = [c for c in candidates if c.runtime == "onnxruntime"]
     if onnx_cands:
-        from course_lib.data import make_customers
-        from course_lib.export import OnnxChurnScorer, make_session
-        from course_lib.model import features
+        from course_lib.churn.data import make_customers
+        from course_lib.churn.export import OnnxChurnScorer, make_session
+        from course_lib.churn.model import features
 
         feeds = OnnxChurnScorer(make_session(onnx_model)).feeds(features(make_customers(64, seed=0)))
         for cand in onnx_cands:

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from course_lib import env_report
-from course_lib.bench import compare_latency, usable_cores
-from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-from course_lib.model import features, train_churn_model
-from course_lib.tree_pruning import served_rounds
+from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+from course_lib.churn.model import features, train_churn_model
+from course_lib.churn.pruning import served_rounds
+from course_lib.core.bench import compare_latency, usable_cores
 
 
 def _tables(threads: int, n_calls: int, rounds: int) -> tuple[pd.DataFrame, pd.DataFrame]:

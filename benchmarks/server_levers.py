@@ -1,9 +1,9 @@
 """Server-side levers at the knee: uvicorn's parser and loop, worker processes, the JSON encoder.
 
-Four configurations of the Lesson 3 churn server (``course_lib.server_levers.LEVER_CONFIGS``), each in
+Four configurations of the Lesson 3 churn server (``course_lib.measure.server_levers.LEVER_CONFIGS``), each in
 its own process on 127.0.0.1, all started before measuring: the baseline ``h11`` + ``asyncio`` with one
 worker and the standard ``json`` module (what Lessons 2 and 3 use); ``httptools`` + ``uvloop``; two
-uvicorn worker processes; ``orjson`` for the answer. The open-loop generator (``course_lib.generators``,
+uvicorn worker processes; ``orjson`` for the answer. The open-loop generator (``course_lib.measure.generators``,
 processes apart from the servers) first measures its own limit on a null server, then climbs one ladder
 of offered rates on ``POST /score``; at every rung the configurations take turns, and each drops out
 after its first miss of the SLO (p99 <= limit, errors < 0.1%). The table gives each knee and its ratio to
@@ -24,10 +24,10 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib import env_report
-from course_lib.feature_store import FeatureStore
-from course_lib.generators import GeneratorPool, generator_limit, serve_null
-from course_lib.load_server import serve_churn, wait_idle
-from course_lib.server_levers import LEVER_CONFIGS, interleaved_knees, knee_ratios, save_lever_record
+from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
+from course_lib.measure.load_server import serve_churn, wait_idle
+from course_lib.measure.server_levers import LEVER_CONFIGS, interleaved_knees, knee_ratios, save_lever_record
+from course_lib.serving.feature_store import FeatureStore
 
 # Steps of about 1.4x: a knee is only known to lie between two rungs, so coarse rungs blur the ratios.
 LADDER_RPS = (25, 35, 50, 70, 100, 140, 200, 280, 400, 560, 800, 1100, 1600, 2200)

@@ -1,10 +1,30 @@
 """course_lib: the verified implementations that the Inference Engineering Workbook's lessons import.
 
-One concept per module; lessons import from the modules directly, e.g.
-``from course_lib.model import train_churn_model``. See README.md for the module map.
+Layered packages, each importing only from the layers to its left (``tests/test_layers.py``)::
+
+    core < churn < serving, optimize < simulate < measure, cost < operate, offline < tools
+
+Lessons import concept modules, e.g. ``from course_lib.churn.model import train_churn_model``; the README
+lists every module and the lessons that use it. ``import course_lib`` itself loads nothing heavy:
+``env_report`` is imported on first use.
 """
 
-from course_lib.env import env_report
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from course_lib._version import __version__
+
+if TYPE_CHECKING:
+    from course_lib.core.env import env_report
 
 __all__ = ["__version__", "env_report"]
-__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``env_report`` on first use, so ``import course_lib`` needs no numpy or pandas."""
+    if name == "env_report":
+        from course_lib.core.env import env_report
+
+        return env_report
+    raise AttributeError(f"module 'course_lib' has no attribute {name!r}")

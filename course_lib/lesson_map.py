@@ -4,13 +4,14 @@ Change a module, and every lesson that imports it (directly, or through another 
 imports it) may print something else: those are the lessons to re-execute. The map is computed, never
 written by hand: the import statements of each lesson's code cells (``notebooks/*.ipynb``) and of each
 exercise's source notebook (``exercises/source/*/*.ipynb``) give the modules a notebook uses directly;
-the import statements of ``course_lib/*.py`` (function-level ones included) give what those modules
-pull in.
+the import statements of every ``course_lib`` source file (function-level ones included) give what
+those modules pull in. A concept module is a public module (``course_lib/core/percentiles.py``) or a
+package with its private modules (``course_lib/serving/service/``, ``_app.py`` included).
 
 Command line::
 
     python -m course_lib.lesson_map                     # module -> lessons, for every module
-    python -m course_lib.lesson_map --changed course_lib/batching_rule.py notebooks/03_dynamic_batching.ipynb
+    python -m course_lib.lesson_map --changed course_lib/serving/batching/rule.py notebooks/03_dynamic_batching.ipynb
                                                         # the notebooks to re-execute, one per line
 
 ``--changed`` accepts any paths (for example ``git diff --name-only main``): a course module names the
@@ -27,17 +28,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LessonMap", "build_lesson_map", "course_imports", "main", "notebook_imports"]
+__all__ = ["LessonMap", "build_lesson_map", "course_imports", "main", "module_of", "notebook_imports"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "course_lib"
 
 
 def _imported_modules(source: str, known: set[str]) -> set[str]:
-    """``course_lib`` modules named by the import statements in ``source`` (any depth in the tree).
+    """``course_lib`` concept modules named by the import statements in ``source`` (any depth in the tree).
 
-    ``from course_lib import cost`` names ``course_lib.cost`` when ``cost`` is a module, else the
-    package itself (``from course_lib import env_report``).
+    ``from course_lib.serving import service`` names ``course_lib.serving.service`` when that is a
+    module or package, else the package it was imported from (``from course_lib import env_report``
+    names ``course_lib``); an import of a private module (``course_lib.serving.service._app``) names
+    the concept package it belongs to.
     """
     lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
     try:
@@ -49,25 +52,55 @@ def _imported_modules(source: str, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == PACKAGE:
-                for alias in node.names:
-                    name = f"{PACKAGE}.{alias.name}"
-                    found.add(name if name in known else PACKAGE)
-            elif node.module.split(".")[0] == PACKAGE:
-                found.add(node.module)
-    return {m for m in found if m in known}
+            if node.module.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if _canonical(name) in known else node.module)
+    return {_canonical(m) for m in found} & known
 
 
-def _known_modules(package_dir: Path) -> dict[str, Path]:
-    modules = {PACKAGE: package_dir / "__init__.py"}
-    for path in sorted(package_dir.glob("*.py")):
-        if path.name != "__init__.py":
-            modules[f"{PACKAGE}.{path.stem}"] = path
+def _canonical(dotted: str) -> str:
+    """The concept a dotted module name belongs to: a private module (``_x``) belongs to its package."""
+    parts = dotted.split(".")
+    while len(parts) > 1 and parts[-1].startswith("_"):
+        parts.pop()
+    return ".".join(parts)
+
+
+def _known_modules(package_dir: Path) -> dict[str, list[Path]]:
+    """Concept module -> its files: a public module is one file; a package is its ``__init__`` and
+    its private modules (``_x.py``, ``__main__.py``)."""
+    modules: dict[str, list[Path]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(package_dir.parent).with_suffix("")
+        modules.setdefault(_canonical(".".join(rel.parts)), []).append(path)
     return modules
 
 
+def module_of(path: str | Path, root: Path = ROOT) -> str | None:
+    """The concept module a ``course_lib`` source file belongs to, or None for other files.
+
+    >>> module_of("course_lib/serving/service/_app.py")
+    'course_lib.serving.service'
+    >>> module_of("course_lib/core/percentiles.py")
+    'course_lib.core.percentiles'
+    """
+    rel = Path(path)
+    if rel.is_absolute():
+        try:
+            rel = rel.resolve().relative_to(root)
+        except ValueError:
+            return None
+    if rel.suffix != ".py" or not rel.parts or rel.parts[0] != PACKAGE:
+        return None
+    return _canonical(".".join(rel.with_suffix("").parts))
+
+
 def course_imports(package_dir: Path = ROOT / PACKAGE) -> dict[str, set[str]]:
-    """Module -> the other ``course_lib`` modules it imports (at module level or inside functions).
+    """Concept module -> the other ``course_lib`` concept modules it imports (module level or in functions).
 
     Parameters
     ----------
@@ -81,8 +114,8 @@ def course_imports(package_dir: Path = ROOT / PACKAGE) -> dict[str, set[str]]:
     modules = _known_modules(package_dir)
     known = set(modules)
     return {
-        name: _imported_modules(path.read_text(encoding="utf-8"), known) - {name}
-        for name, path in modules.items()
+        name: set().union(*(_imported_modules(p.read_text(encoding="utf-8"), known) for p in paths)) - {name}
+        for name, paths in modules.items()
     }
 
 
@@ -137,8 +170,9 @@ class LessonMap:
     def to_re_execute(self, changed: Iterable[str | Path]) -> tuple[list[str], list[str]]:
         """Notebooks to re-execute after ``changed`` files changed, and the changed files the map cannot place.
 
-        A ``course_lib/<name>.py`` names every notebook that runs ``course_lib.<name>``; a notebook
-        names itself. Paths may be relative to the root or absolute.
+        A ``course_lib`` source file names every notebook that runs its concept module
+        (``course_lib/serving/service/_app.py`` -> ``course_lib.serving.service``); a notebook names
+        itself. Paths may be relative to the root or absolute.
         """
         notebooks: set[str] = set()
         unmapped: list[str] = []
@@ -147,9 +181,7 @@ class LessonMap:
             rel = path.resolve().relative_to(ROOT).as_posix() if path.is_absolute() else path.as_posix()
             if rel in self.uses:
                 notebooks.add(rel)
-            elif rel.startswith(f"{PACKAGE}/") and rel.endswith(".py") and rel.count("/") == 1:
-                stem = Path(rel).stem
-                module = PACKAGE if stem == "__init__" else f"{PACKAGE}.{stem}"
+            elif (module := module_of(rel)) is not None:
                 notebooks.update(self.lessons_using(module))
             else:
                 unmapped.append(rel)
@@ -161,7 +193,7 @@ class LessonMap:
         lines = []
         for module in modules:
             users = [nb + ("*" if module in self.direct[nb] else "") for nb in self.lessons_using(module)]
-            lines.append(f"{module:<32} {', '.join(users)}")
+            lines.append(f"{module:<40} {', '.join(users)}")
         return "\n".join(lines)
 
 

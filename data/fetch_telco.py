@@ -7,7 +7,7 @@ Run once by a maintainer (``python data/fetch_telco.py``); students and CI never
 2. replaces R's ``rownames`` with a stable ``customer_id`` (``TC-00001`` ... ``TC-07043``, the row
    order of IBM's original file),
 3. writes the CSV with the 11 missing ``total_charges`` left blank, and
-4. prints its sha256 for ``course_lib.data.TELCO_SHA256`` and ``data/README.md``.
+4. prints its sha256 for ``course_lib.churn.data.TELCO_SHA256`` and ``data/README.md``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import random
 import gevent
 from locust import FastHttpUser, constant_pacing, task
 
-from course_lib.feature_store import DEFAULT_N_CUSTOMERS, customer_id
+from course_lib.serving.feature_store import DEFAULT_N_CUSTOMERS, customer_id
 
 PATH = os.environ.get("CHURN_PATH", "/score")
 PACING_S = float(os.environ.get("CHURN_PACING_S", "0.1"))

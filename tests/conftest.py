@@ -14,7 +14,7 @@ os.environ.pop("MPLBACKEND", None)
 
 @pytest.fixture(scope="session")
 def telco():
-    from course_lib.data import load_telco
+    from course_lib.churn.data import load_telco
 
     return load_telco()
 
@@ -22,36 +22,36 @@ def telco():
 @pytest.fixture(scope="session")
 def churn_model():
     """The course XGBoost pipeline, trained once (deterministic, one thread)."""
-    from course_lib.model import train_churn_model
+    from course_lib.churn.model import train_churn_model
 
     return train_churn_model()
 
 
 @pytest.fixture(scope="session")
 def onnx_model(churn_model):
-    from course_lib.export import pipeline_to_onnx
+    from course_lib.churn.export import pipeline_to_onnx
 
     return pipeline_to_onnx(churn_model.pipeline)
 
 
 @pytest.fixture(scope="session")
 def onnx_scorer(onnx_model):
-    from course_lib.export import OnnxChurnScorer, make_session
+    from course_lib.churn.export import OnnxChurnScorer, make_session
 
     return OnnxChurnScorer(make_session(onnx_model))
 
 
 @pytest.fixture(scope="session")
 def replica_files(tmp_path_factory):
-    """An exported model and a small feature store for replica processes (course_lib.replica)."""
-    from course_lib.replica import prepare_replica_files
+    """An exported model and a small feature store for replica processes (course_lib.serving.replica._replica)."""
+    from course_lib.serving.replica import prepare_replica_files
 
     return prepare_replica_files(tmp_path_factory.mktemp("replica_files"), n_customers=2_000)
 
 
 @pytest.fixture(scope="session")
 def ids(replica_files):
-    from course_lib.feature_store import FeatureStore
+    from course_lib.serving.feature_store import FeatureStore
 
     with FeatureStore(replica_files.store_path) as store:
         return store.sample_ids(200, seed=1)
@@ -60,8 +60,8 @@ def ids(replica_files):
 @pytest.fixture(scope="session")
 def slow_and_fast_replicas(replica_files):
     """Two replica processes: the first stalls every request by 20 s, the second never stalls."""
-    from course_lib.replica import ReplicaConfig, start_replica
-    from course_lib.waiting import wait_until
+    from course_lib.core.waiting import wait_until
+    from course_lib.serving.replica import ReplicaConfig, start_replica
 
     slow = start_replica(
         replica_files.onnx_path,

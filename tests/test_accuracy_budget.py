@@ -1,12 +1,17 @@
-"""course_lib.accuracy_budget: a budget declared first, per-slice AUC drops, verdicts, paired bootstrap."""
+"""course_lib.optimize.accuracy_budget: a budget declared first, per-slice AUC drops, verdicts, paired bootstrap."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from course_lib.accuracy_budget import AccuracyBudget, auc_difference_ci, budget_verdicts, slice_auc_drops
-from course_lib.model import labels
+from course_lib.churn.model import labels
+from course_lib.optimize.accuracy_budget import (
+    AccuracyBudget,
+    auc_difference_ci,
+    budget_verdicts,
+    slice_auc_drops,
+)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.alerting import PROMETHEUS_DIR, RULES, IncidentSpec, evaluate_rules, simulate_incident
-from course_lib.promtool import PROMTOOL_TESTS, promtool_path, run_promtool, write_promtool_tests
+from course_lib.operate.alerting import PROMETHEUS_DIR, RULES, IncidentSpec, evaluate_rules, simulate_incident
+from course_lib.operate.promtool import PROMTOOL_TESTS, promtool_path, run_promtool, write_promtool_tests
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def test_promtool_is_installed():
 
 
 def test_promtool_check_rules_accepts_both_rule_files():
-    result = run_promtool("check", "rules", "alerts.yml", "seed_alerts.yml")
+    result = run_promtool("check", "rules", "alerts.yml", "source004_alerts.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 2 rules found" in result.stdout and "SUCCESS: 3 rules found" in result.stdout
 
@@ -83,15 +83,15 @@ def test_corrected_rules_page_for_the_incident_in_time(timeline):
     assert corrected["t_s"].max() <= spec.rollback_min * 60 + 300
 
 
-def test_seed_rules_miss_the_incident(timeline):
+def test_source_rules_miss_the_incident(timeline):
     spec = IncidentSpec()
-    assert _first(timeline, "SeedHighInferenceLatency", "firing") is None  # selects no series at all
+    assert _first(timeline, "Source004HighInferenceLatency", "firing") is None  # selects no series at all
     assert (
-        _first(timeline, "SeedHighInferenceLatencyBuckets", "firing") is None
+        _first(timeline, "Source004HighInferenceLatencyBuckets", "firing") is None
     )  # no rate(): diluted by hours
-    seed_errors = _first(timeline, "SeedHighErrorRate", "firing")
+    source004_errors = _first(timeline, "Source004HighErrorRate", "firing")
     # the error "rate" rule pages on healthy traffic long before the incident: it cannot tell.
-    assert seed_errors is not None and seed_errors < spec.incident_start_min * 60 / 4
+    assert source004_errors is not None and source004_errors < spec.incident_start_min * 60 / 4
 
 
 def test_incident_spec_validates():
@@ -102,7 +102,7 @@ def test_incident_spec_validates():
 
 
 def test_stored_promtool_output_is_what_promtool_says_now():
-    from course_lib.promtool import PROMTOOL_OUTPUT, promtool_report
+    from course_lib.operate.promtool import PROMTOOL_OUTPUT, promtool_report
 
     ran, text = promtool_report()
     assert ran and "(exit code 0)" in text and "exit code 1" not in text

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course_lib.autoscaler import (
+from course_lib.simulate.hpa import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
     HPA,
@@ -87,7 +87,7 @@ def test_scale_down_stabilization_window_uses_highest_recent_recommendation():
     assert hpa.step(301, 10, [2.0]) == 2  # the 10 at t=0 left the window
 
 
-def test_seed_004_scale_down_policy_removes_one_pod_per_five_minutes():
+def test_source_004_scale_down_policy_removes_one_pod_per_five_minutes():
     down = ScalingRules(300, (ScalingPolicy("Pods", 1, 300),))
     hpa = HPA(1, 100, [10.0], DEFAULT_SCALE_UP, down)
     current = hpa.step(0, 10, [1.0])  # no earlier recommendation to stabilize against: one pod goes

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course_lib.batch_cost import (
+from course_lib.churn.model import features
+from course_lib.measure.batch_cost import (
     LinearCostModel,
     cost_table,
     fit_linear_cost,
     forward_call_factory,
     measure_call_ms,
 )
-from course_lib.model import features
 
 
 def test_source_table_for_5_plus_0_2_per_item_is_reproduced_exactly():
@@ -134,7 +134,7 @@ def test_measure_call_ms_rejects_zero_rounds():
 
 
 def test_forward_factory_times_the_forward_stage_on_the_first_records(churn_model, onnx_scorer, telco):
-    from course_lib.service import native_forward, onnx_forward
+    from course_lib.serving.service import native_forward, onnx_forward
 
     records = features(telco.head(16)).astype(object).to_dict("records")
     native = forward_call_factory(native_forward(churn_model.pipeline), records)

@@ -17,18 +17,23 @@ import pyarrow.parquet as pq
 import pytest
 from google.protobuf import text_format
 
-from course_lib.batch_scoring import (
+from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, ID_COLUMN, make_customers
+from course_lib.churn.export import pipeline_to_onnx
+from course_lib.core.waiting import wait_until
+from course_lib.offline.job import (
     build_parquet_store,
     iter_store_chunks,
     make_scorer,
     row_problems,
     score_store,
 )
-from course_lib.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, ID_COLUMN, make_customers
-from course_lib.export import pipeline_to_onnx
-from course_lib.feature_store import build_feature_store
-from course_lib.triton_export import export_triton_repository, fil_config, onnx_config, parse_config
-from course_lib.waiting import wait_until
+from course_lib.offline.triton_repository import (
+    export_triton_repository,
+    fil_config,
+    onnx_config,
+    parse_config,
+)
+from course_lib.serving.feature_store import build_feature_store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,7 +155,7 @@ def test_row_problems_names_column_value_and_range():
 def test_resume_after_a_crash_gives_exactly_one_row_per_customer(tmp_path, churn_model):
     source = build_parquet_store(30_000, 3, folder=tmp_path, row_group_rows=2_000)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "course_lib.batch_scoring", "--source", str(source), "--out", str(out),
+    cmd = [sys.executable, "-m", "course_lib.offline", "--source", str(source), "--out", str(out),
            "--runtime", "xgboost", "--chunk-rows", "2000", "--no-progress"]  # fmt: skip
     job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -179,7 +184,7 @@ def test_a_job_folder_refuses_other_settings(store, churn_model, tmp_path):
 
 
 def test_dask_result_equals_the_single_process_result(churn_model, tmp_path):
-    from course_lib.dask_scoring import local_cluster, score_on_dask
+    from course_lib.offline.dask_job import local_cluster, score_on_dask
 
     source = build_parquet_store(100_000, 0, folder=tmp_path, row_group_rows=25_000)
     single = score_store(
@@ -198,7 +203,7 @@ def test_dask_result_equals_the_single_process_result(churn_model, tmp_path):
 
 
 def test_dask_runs_twice_on_one_client_and_refuses_a_foreign_folder(churn_model, tmp_path):
-    from course_lib.dask_scoring import local_cluster, score_on_dask
+    from course_lib.offline.dask_job import local_cluster, score_on_dask
 
     small = build_parquet_store(6_000, 1, folder=tmp_path, row_group_rows=2_000)
     other = build_parquet_store(4_000, 2, folder=tmp_path, row_group_rows=2_000)

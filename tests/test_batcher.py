@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.batcher import (
+from course_lib.core.waiting import async_wait_until
+from course_lib.serving.batching.batcher import (
     BatchedResult,
     BatcherClosedError,
     BatchScoringError,
     DynamicBatcher,
     QueueFullError,
 )
-from course_lib.simulator import simulate_dynamic_batching
-from course_lib.waiting import async_wait_until
+from course_lib.simulate.batching import simulate_dynamic_batching
 
 
 class RecordingScorer:

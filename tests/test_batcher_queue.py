@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from course_lib.batcher_queue import RequestQueue
-from course_lib.batcher_results import BatcherClosedError, BatcherStats
+from course_lib.serving.batching._queue import RequestQueue
+from course_lib.serving.batching._results import BatcherClosedError, BatcherStats
 
 
 def _run(coro):

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from course_lib.batching_gain import (
+from course_lib.measure.batching_gain import (
     amdahl_bound,
     bound_verdict,
     gain_texts,

@@ -9,13 +9,13 @@ import httpx
 import numpy as np
 import pytest
 
-from course_lib.batching_service import churn_service, create_batched_app, customer_key, run_servers
-from course_lib.feature_store import FeatureStore, customer_id, make_lookup
-from course_lib.load_targets import http_client_target, http_target
-from course_lib.loadgen import run_open_loop
-from course_lib.rate_sweep import capacity_table, sweep_rates
-from course_lib.service import ChurnService, native_forward
-from course_lib.waiting import async_wait_until
+from course_lib.core.waiting import async_wait_until
+from course_lib.measure.loadgen import run_open_loop
+from course_lib.measure.rate_sweep import capacity_table, sweep_rates
+from course_lib.measure.targets import http_client_target, http_target
+from course_lib.serving.batching.predict import churn_service, create_batched_app, customer_key, run_servers
+from course_lib.serving.feature_store import FeatureStore, customer_id, make_lookup
+from course_lib.serving.service import ChurnService, native_forward
 
 N_CUSTOMERS = 2000
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from course_lib.waiting import wait_until
+from course_lib.core.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

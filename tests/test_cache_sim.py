@@ -1,4 +1,4 @@
-"""Zipf traffic, exact LRU hit rates from stack distances, the TTL replay and the seed's FIFO cache."""
+"""Zipf traffic, exact LRU hit rates from stack distances, the TTL replay and the source's FIFO cache."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.cache_sim import (
+from course_lib.serving.cache.stores import InProcessPredictionCache, PredictionKey
+from course_lib.simulate.cache import (
     FifoCache,
     ideal_hit_rates,
     lru_hit_rates,
     lru_stack_distances,
     simulate_ttl_lru,
     size_for_hit_rate,
-    zipf_trace,
-    zipf_weights,
 )
-from course_lib.prediction_cache import InProcessPredictionCache, PredictionKey
+from course_lib.simulate.traffic import zipf_trace, zipf_weights
 
 
 def brute_force_distances(keys: list[int]) -> list[int]:
@@ -131,7 +130,7 @@ def test_ttl_replay_refuses_bad_input():
 
 
 def test_issue_vectors_fifo_versus_lru():
-    """Capacity 3; set a, b, c; get a; set d: LRU keeps {a, c, d}, the seed's FIFO keeps {b, c, d}."""
+    """Capacity 3; set a, b, c; get a; set d: LRU keeps {a, c, d}, the source's FIFO keeps {b, c, d}."""
     fifo, lru = FifoCache(3), cachetools.LRUCache(3)
     for name in "abc":
         fifo.set(name, 1)

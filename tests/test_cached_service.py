@@ -10,18 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from course_lib.cached_service import (
-    CACHED_STAGES,
-    CachedChurnService,
-    StoreSnapshot,
-    measure_dedup,
-    store_snapshot,
-)
-from course_lib.feature_store import FeatureStore, build_feature_store, make_lookup
-from course_lib.prediction_cache import InProcessPredictionCache, RedisPredictionCache
-from course_lib.redis_server import redis_server, redis_unavailable_reason
-from course_lib.server import serve_in_thread
-from course_lib.service import ChurnClient, ChurnService, create_app, onnx_forward
+from course_lib.measure.experiments import measure_dedup
+from course_lib.serving.cache.redis_server import redis_server, redis_unavailable_reason
+from course_lib.serving.cache.service import CACHED_STAGES, CachedChurnService, StoreSnapshot, store_snapshot
+from course_lib.serving.cache.stores import InProcessPredictionCache, RedisPredictionCache
+from course_lib.serving.feature_store import FeatureStore, build_feature_store, make_lookup
+from course_lib.serving.server import serve_in_thread
+from course_lib.serving.service import ChurnClient, ChurnService, create_app, onnx_forward
 
 N_CUSTOMERS = 2_000
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.canary import (
+from course_lib.operate.canary import (
     HASH_BUCKETS,
     DecisionRules,
     HashRouter,
@@ -18,7 +18,7 @@ from course_lib.canary import (
     check_window,
     refresh_flips,
 )
-from course_lib.canary_day import hourly_metrics, simulate_canary_day
+from course_lib.operate.canary_day import hourly_metrics, simulate_canary_day
 
 IDS = [f"SC-{i:07d}" for i in range(1, 20_001)]
 

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from course_lib.capacity_record import RECORDED_HTTP_CAPACITY, load_http_capacity, save_http_capacity
+from course_lib.measure.capacity_record import RECORDED_HTTP_CAPACITY, load_http_capacity, save_http_capacity
 
 
 def table() -> pd.DataFrame:

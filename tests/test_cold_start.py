@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.cold_start import ColdStartVariant, cold_start_table
+from course_lib.measure.cold_start import ColdStartVariant, cold_start_table
 
 
 def test_cold_start_table_measures_each_variant_in_a_fresh_process(replica_files, ids):

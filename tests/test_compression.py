@@ -1,4 +1,4 @@
-"""course_lib.compression: size arithmetic, the FP16 Cast repair, INT8 variants, and what cannot be quantized."""
+"""course_lib.optimize.compression._variant: size arithmetic, the FP16 Cast repair, INT8 variants, and what cannot be quantized."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from course_lib.compression import (
+from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+from course_lib.churn.model import features, labels
+from course_lib.churn.neural import mlp_n_parameters, train_mlp_churn_model
+from course_lib.optimize.compression import (
     BYTES_PER_PARAMETER,
     FeedsCalibrationReader,
     NotQuantizableError,
@@ -22,9 +25,6 @@ from course_lib.compression import (
     quantizability_report,
     size_table,
 )
-from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-from course_lib.model import features, labels
-from course_lib.neural_model import mlp_n_parameters, train_mlp_churn_model
 
 #: FP16 stores about 3 significant decimal digits; a churn probability may move by this much.
 FP16_ATOL = 2e-3
@@ -172,7 +172,7 @@ def test_a_weight_shared_by_an_fp32_and_an_fp16_op_gets_its_own_cast():
 
 
 def test_a_conversion_that_does_not_load_is_refused_before_anything_is_written(monkeypatch):
-    import course_lib.fp16 as fp16_module
+    import course_lib.optimize.compression._fp16 as fp16_module
 
     monkeypatch.setattr(fp16_module, "_cast_shared_fp32_initializers", lambda model: 0)  # repair off
     with pytest.raises(ValueError, match="cannot load"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from course_lib.cost import ServingOption, cost_per_million_at_full_use, plan_serving
-from course_lib.cost_curves import cost_per_million_curve, full_use_level_per_million
+from course_lib.cost.curves import cost_per_million_curve, full_use_level_per_million
 
 CPU = ServingOption("CPU replica", 40, 50, price_as_of=None, source="source lesson 001", currency="INR")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.data import (
+from course_lib.churn.data import (
     CATEGORICAL_LEVELS,
     FEATURE_COLUMNS,
     TELCO_PATH,

@@ -1,4 +1,4 @@
-"""course_lib.distillation: a small student learns from the teacher's probabilities on unlabelled customers."""
+"""course_lib.churn.distillation: a small student learns from the teacher's probabilities on unlabelled customers."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from course_lib.data import make_customers
-from course_lib.distillation import student_proba, teacher_probabilities, train_student
-from course_lib.model import labels
+from course_lib.churn.data import make_customers
+from course_lib.churn.distillation import student_proba, teacher_probabilities, train_student
+from course_lib.churn.model import labels
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.drift import (
+from course_lib.operate.drift import (
     PSI_ALERT,
     PSI_STABLE,
     psi,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from course_lib import env_report
-from course_lib.bench import (
+from course_lib.core.bench import (
     calls_per_round,
     compare_latency,
     interleaved_rounds_ns,
@@ -127,7 +127,7 @@ def test_usable_cores_is_what_the_environment_report_prints():
 
 
 def test_the_report_says_whether_this_is_the_course_environment(tmp_path):
-    from course_lib.env import course_environment
+    from course_lib.core.env import course_environment
 
     lock = tmp_path / "requirements.lock"
     lock.write_text("# comment\nnumpy==0.0.1\nxgboost==9.9; sys_platform == 'darwin'\n")

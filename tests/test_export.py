@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.export import ParityError, check_parity, make_session, pipeline_to_onnx
-from course_lib.model import features
+from course_lib.churn.export import ParityError, check_parity, make_session, pipeline_to_onnx
+from course_lib.churn.model import features
 
 
 def test_graph_has_one_input_per_feature_and_a_probability_output(onnx_model):
@@ -34,7 +34,7 @@ def test_onnx_matches_native_on_rows_with_missing_values(churn_model, onnx_score
 
 
 def test_parity_failure_raises_with_the_worst_rows(churn_model, onnx_scorer):
-    from course_lib.model import train_churn_model
+    from course_lib.churn.model import train_churn_model
 
     X = features(churn_model.split.test).iloc[:50]
     other = train_churn_model(n_estimators=20)  # a different model: parity must fail loudly
@@ -129,8 +129,8 @@ def test_scorer_rejects_non_dataframes(onnx_scorer):
 
 # -- each score tied to the model that made it (issue 10, item 3) ------------------------------
 def test_the_onnx_file_carries_the_model_version_and_the_data_checksum(churn_model, onnx_model, onnx_scorer):
-    from course_lib.data import TELCO_SHA256
-    from course_lib.export import METADATA_DATA_SHA256, METADATA_MODEL_VERSION
+    from course_lib.churn.data import TELCO_SHA256
+    from course_lib.churn.export import METADATA_DATA_SHA256, METADATA_MODEL_VERSION
 
     meta = {p.key: p.value for p in onnx_model.metadata_props}
     assert meta[METADATA_MODEL_VERSION] == churn_model.model_version
@@ -141,9 +141,9 @@ def test_the_onnx_file_carries_the_model_version_and_the_data_checksum(churn_mod
 
 def test_a_model_paired_with_another_models_onnx_file_is_refused(churn_model, onnx_scorer, tmp_path):
     """The vector: churn_service(churn_model=A, onnx_scorer=B) answered B's score under A's version."""
-    from course_lib.batching_service import churn_service
-    from course_lib.export import ModelMismatchError, OnnxChurnScorer
-    from course_lib.model import train_churn_model
+    from course_lib.churn.export import ModelMismatchError, OnnxChurnScorer
+    from course_lib.churn.model import train_churn_model
+    from course_lib.serving.batching.predict import churn_service
 
     other = train_churn_model(n_estimators=20)
     assert other.model_version != churn_model.model_version
@@ -167,8 +167,8 @@ def test_a_model_paired_with_another_models_onnx_file_is_refused(churn_model, on
 
 
 def test_a_pipeline_without_trees_gets_a_version_only_when_given(churn_model):
-    from course_lib.export import METADATA_MODEL_VERSION
-    from course_lib.model import make_baseline_pipeline
+    from course_lib.churn.export import METADATA_MODEL_VERSION
+    from course_lib.churn.model import make_baseline_pipeline
 
     X, y = features(churn_model.split.train), churn_model.split.train["churn"].astype(int)
     logistic = make_baseline_pipeline().fit(X, y)

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from course_lib.fallback import FallbackScorer, SlowDependency, auc_with_fallbacks
+from course_lib.serving.fallback import FallbackScorer, SlowDependency, auc_with_fallbacks
 
 FEATURES = {"SC-0000001": {"x": 1.0}, "SC-0000002": {"x": 2.0}}
 
@@ -73,7 +73,7 @@ def test_bad_fallback_settings_are_refused(kwargs, message):
 
 
 def test_run_fallback_load_scores_every_customer_once_in_order():
-    from course_lib.fallback import run_fallback_load
+    from course_lib.measure.experiments import run_fallback_load
 
     dep = SlowDependency(FEATURES.get, base_ms=0.0, slow_ms=60_000.0, slow_fraction=0.5, seed=2)
     scorer = FallbackScorer(dep, forward, prior=0.3, timeout_ms=10.0)

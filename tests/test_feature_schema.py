@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.data import NUMERIC_COLUMNS, clean_telco, make_customers
-from course_lib.feature_schema import (
+from course_lib.churn.data import NUMERIC_COLUMNS, clean_telco, make_customers
+from course_lib.churn.model import features
+from course_lib.churn.schema import (
     NUMERIC_SCHEMA,
     TOTAL_CHARGES_MAX,
     FeatureError,
     check_frame,
     check_records,
 )
-from course_lib.model import features
-from course_lib.service import native_forward, onnx_forward
+from course_lib.serving.service import native_forward, onnx_forward
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from course_lib.data import FEATURE_COLUMNS, ID_COLUMN, make_customers
-from course_lib.feature_store import (
+from course_lib.churn.data import FEATURE_COLUMNS, ID_COLUMN, make_customers
+from course_lib.serving.feature_store import (
     LOOKUP_MODES,
     CachedFeatureStore,
     FeatureStore,

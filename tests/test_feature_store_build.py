@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.data import ID_COLUMN, make_customers
-from course_lib.feature_store import FeatureStore
-from course_lib.feature_store_build import build_feature_store, customer_id, feature_store_path, read_meta
+from course_lib.churn.data import ID_COLUMN, make_customers
+from course_lib.serving.feature_store import (
+    FeatureStore,
+    build_feature_store,
+    customer_id,
+    feature_store_path,
+    read_meta,
+)
 
 
 def test_build_is_idempotent_and_reuses_a_finished_store(tmp_path):

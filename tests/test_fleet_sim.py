@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from course_lib.fleet_sim import FleetConfig, mixture_quantile_s, simulate_day, targets_for_utilization
-from course_lib.traffic_day import SECONDS_PER_DAY, TrafficDay, arrivals_per_second, rate_per_second
+from course_lib.simulate.fleet import FleetConfig, mixture_quantile_s, simulate_day, targets_for_utilization
+from course_lib.simulate.traffic import SECONDS_PER_DAY, TrafficDay, arrivals_per_second, rate_per_second
 
 
 def _hour(rate: float, seconds: int = 3600, seed: int = 0) -> np.ndarray:

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from course_lib.gc_pauses import (
+from course_lib.measure.gc_pauses import (
     GC_SETTINGS,
     RAISED_THRESHOLDS,
     GcRecorder,

@@ -386,7 +386,7 @@ def _processes_with_marker(marker: bytes) -> list[str]:
 
 @pytest.mark.parametrize("sandbox", MECHANISMS)
 def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_connect_out(tmp_path, sandbox):
-    from course_lib.waiting import wait_until
+    from course_lib.core.waiting import wait_until
 
     async def scenario(kc, km, folder):
         status, out = await _execute(kc, KERNEL_PROBE)
@@ -413,7 +413,7 @@ def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_conne
 @pytest.mark.parametrize("sandbox", MECHANISMS)
 def test_a_sandboxed_kernel_that_kills_itself_dies(tmp_path, sandbox):
     """The out-of-memory killer's way: the grader must see a dead kernel, not a hang."""
-    from course_lib.waiting import async_wait_until
+    from course_lib.core.waiting import async_wait_until
 
     async def scenario(kc, km, folder):
         kc.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")

@@ -112,7 +112,7 @@ def baseline_store() -> None:
     The notebooks open the baseline in a cell limited to 15 s when graded; the instructor guide says to
     build it before autograding.
     """
-    from course_lib.slow_baseline import SlowChurnScorer
+    from course_lib.serving.slow_baseline import SlowChurnScorer
 
     SlowChurnScorer.open().close()
 

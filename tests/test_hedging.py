@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from course_lib.hedging import HedgeStats, HedgingClient, fanout_pages, hedged
-from course_lib.waiting import async_wait_until
+from course_lib.core.waiting import async_wait_until
+from course_lib.serving.hedging import HedgeStats, HedgingClient, fanout_pages, hedged
 
 
 class FakeReplicas:
@@ -169,7 +169,7 @@ def test_http_hedge_answers_from_the_fast_replica_and_the_stalled_copy_is_abando
         now = slow.stats()
         return now["abandoned"] - before["abandoned"] == stats.hedges and now
 
-    from course_lib.waiting import wait_until
+    from course_lib.core.waiting import wait_until
 
     now = wait_until(abandoned, timeout_s=15.0, what="the slow replica to see its copies cancelled")
     assert now["slow_injected"] - before["slow_injected"] == stats.hedges
@@ -190,7 +190,8 @@ def test_fanout_pages_wait_for_the_slowest_call(slow_and_fast_replicas, ids):
 
 
 def test_run_hedged_load_records_each_request_in_order_with_its_primary(slow_and_fast_replicas, ids):
-    from course_lib.hedging import hedging_summary, run_hedged_load
+    from course_lib.measure.experiments import run_hedged_load
+    from course_lib.serving.hedging import hedging_summary
 
     slow, fast = slow_and_fast_replicas
     requests, stats = run(

@@ -12,35 +12,33 @@ import pandas as pd
 import pytest
 from hdrh.histogram import HdrHistogram
 
-from course_lib.coordinated_omission import StallingTarget, corrected_latencies, run_closed_loop, stall_vector
-from course_lib.generators import GeneratorPool, generator_limit, merge_results, serve_null
-from course_lib.histograms import (
+from course_lib.core.percentiles import percentile
+from course_lib.measure.coordinated_omission import (
+    StallingTarget,
+    corrected_latencies,
+    run_closed_loop,
+    stall_vector,
+)
+from course_lib.measure.generators import GeneratorPool, generator_limit, merge_results, serve_null
+from course_lib.measure.histograms import (
     hdr_from_samples,
     hdr_percentile_ms,
     merge_encoded,
     merge_vector,
     worker_samples_vector,
 )
-from course_lib.knee import (
-    climb,
-    find_knee,
-    recovery_time_s,
-    rolling_p99,
-    spike_schedule,
-    step_row,
-    step_table,
-)
-from course_lib.loadgen import HttpStatusError, LoadResult, run_open_loop
-from course_lib.locust_runner import bucket_response_time_ms, locust_percentile
-from course_lib.percentiles import percentile
-from course_lib.seed_loadtest import seed_load_test, seed_percentile
-from course_lib.server_levers import (
+from course_lib.measure.knee import climb, find_knee, recovery_time_s, rolling_p99, step_row, step_table
+from course_lib.measure.loadgen import HttpStatusError, LoadResult, run_open_loop
+from course_lib.measure.locust_runner import bucket_response_time_ms, locust_percentile
+from course_lib.measure.server_levers import (
     LEVER_CONFIGS,
     interleaved_knees,
     knee_ratios,
     load_lever_record,
     save_lever_record,
 )
+from course_lib.measure.source_loadtest import source_load_test, source_percentile
+from course_lib.simulate.traffic import spike_schedule
 
 
 def run(coro, timeout_s: float = 30.0):
@@ -71,7 +69,7 @@ def test_correction_follows_hdrhistogram_java_and_differs_from_the_python_port_o
     ]
     # the Python port (hdrh) also records the remainder below the interval (3 -> 1, 7 -> 1)
     assert sorted(theirs) == sorted([*ours.tolist(), 1.0, 1.0])
-    with pytest.raises(ValueError, match="expected_interval_ms must be > 0"):
+    with pytest.raises(ValueError, match="expected_interval_ms must be a finite number > 0"):
         corrected_latencies(lat, 0.0)
 
 
@@ -273,19 +271,19 @@ def test_generator_processes_against_a_null_server_lose_nothing():
         assert 1 <= len(table) <= 2 and limit in (0.0, 50.0) and (table["errors"] == 0).all()
 
 
-# -- seed 004 -------------------------------------------------------------------------------------
-def test_seed_percentile_is_one_rank_high_and_its_concurrency_is_not_bounded():
+# -- source 004 -------------------------------------------------------------------------------------
+def test_source_percentile_is_one_rank_high_and_its_concurrency_is_not_bounded():
     lat = list(range(1, 101))  # 1..100 ms
-    assert seed_percentile(lat, 99) == 100 and percentile(lat, 99) == 99
-    assert seed_percentile(lat, 95) == 96 and percentile(lat, 95) == 95
+    assert source_percentile(lat, 99) == 100 and percentile(lat, 99) == 99
+    assert source_percentile(lat, 95) == 96 and percentile(lat, 95) == 95
     with pytest.raises(IndexError):
-        seed_percentile(lat, 100)
+        source_percentile(lat, 100)
 
     async def target(i):
         await asyncio.sleep(0.001)
 
-    unbounded = run(seed_load_test(target, num_requests=200, concurrent=10))
-    bounded = run(seed_load_test(target, num_requests=200, concurrent=10, bounded=True))
+    unbounded = run(source_load_test(target, num_requests=200, concurrent=10))
+    bounded = run(source_load_test(target, num_requests=200, concurrent=10, bounded=True))
     assert unbounded["max_in_flight"] == 200 and bounded["max_in_flight"] == 10
     assert len(unbounded["latencies_ms"]) == 200 and unbounded["errors"] == 0
 

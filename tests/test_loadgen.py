@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.batcher import DynamicBatcher
-from course_lib.batching_rule import poisson_arrivals_ms
-from course_lib.load_targets import batcher_target, coroutine_target
-from course_lib.loadgen import SPIN_WINDOW_S, run_open_loop
-from course_lib.rate_sweep import capacity_table, sustainable_rate, sweep_rates
+from course_lib.measure.loadgen import SPIN_WINDOW_S, run_open_loop
+from course_lib.measure.rate_sweep import capacity_table, sustainable_rate, sweep_rates
+from course_lib.measure.targets import batcher_target, coroutine_target
+from course_lib.serving.batching.batcher import DynamicBatcher
+from course_lib.simulate.traffic import poisson_arrivals_ms
 
 
 def run(coro, timeout_s: float = 20.0):
@@ -108,10 +108,10 @@ def test_coroutine_target_records_how_the_batcher_served_each_request():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rate_rps": 0.0}, "rate_rps must be > 0"),
+        ({"rate_rps": 0.0}, "rate_rps must be a finite number > 0"),
         ({"max_duration_s": float("inf")}, "max_duration_s must be a finite number > 0"),
         ({"n_requests": 0}, "n_requests must be an integer >= 1, got 0"),
-        ({"request_timeout_s": -1.0}, "request_timeout_s must be > 0"),
+        ({"request_timeout_s": -1.0}, "request_timeout_s must be a finite number > 0"),
     ],
 )
 def test_bad_load_parameters_are_rejected(kwargs, message):

@@ -7,11 +7,11 @@ import json
 import httpx
 import pytest
 
-from course_lib.generators import GeneratorPool
-from course_lib.knee import find_knee, step_table
-from course_lib.load_server import OrjsonChurnService, serve_churn, wait_idle
-from course_lib.locust_runner import run_locust
-from course_lib.service import ChurnService, ScoreRequest
+from course_lib.measure.generators import GeneratorPool
+from course_lib.measure.knee import find_knee, step_table
+from course_lib.measure.load_server import OrjsonChurnService, serve_churn, wait_idle
+from course_lib.measure.locust_runner import run_locust
+from course_lib.serving.service import ChurnService, ScoreRequest
 
 
 @pytest.fixture(scope="module")

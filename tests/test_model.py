@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from course_lib.model import (
+from course_lib.churn.model import (
     classification_metrics,
     features,
     labels,
@@ -80,7 +80,7 @@ def test_metrics_of_a_single_class_slice_leave_auc_undefined():
 def test_the_cache_key_changes_with_library_versions_and_training_code(monkeypatch):
     import importlib.metadata
 
-    from course_lib import model
+    from course_lib.churn import model
 
     key = model.model_cache_key()
     assert key == model.model_cache_key() and len(key) == 10
@@ -106,7 +106,7 @@ def test_concurrent_cache_writers_use_their_own_temporary_files(tmp_path):
     import pickle
     import threading
 
-    from course_lib.model import _write_pickle_atomically
+    from course_lib.churn.model import _write_pickle_atomically
 
     path = tmp_path / "churn_model_x.pkl"
     barrier, errors = threading.Barrier(8), []
@@ -133,7 +133,7 @@ def test_concurrent_cache_writers_use_their_own_temporary_files(tmp_path):
 def test_load_or_train_reuses_the_cache_named_by_the_key(tmp_path, monkeypatch):
     import pickle
 
-    from course_lib import model
+    from course_lib.churn import model
 
     path = tmp_path / f"churn_model_{model.model_cache_key()}.pkl"
     path.write_bytes(pickle.dumps("cached model"))

@@ -8,8 +8,14 @@ import subprocess
 import onnx
 import pytest
 
-from course_lib.export import pipeline_to_onnx
-from course_lib.model_pool import _command, _start_batch_job, measure_startup_s, pool_plan, rss_per_model_mib
+from course_lib.churn.export import pipeline_to_onnx
+from course_lib.operate.model_pool import (
+    _command,
+    _start_batch_job,
+    measure_startup_s,
+    pool_plan,
+    rss_per_model_mib,
+)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 import pytest
 
-from course_lib.model import features
-from course_lib.model_versions import (
+from course_lib.churn.model import features
+from course_lib.churn.versions import (
     METADATA_DATA_SHA256,
     METADATA_MODEL_VERSION,
     METADATA_RELEASE,
@@ -28,7 +28,7 @@ def versions(churn_model, tmp_path_factory):
 
 
 def test_every_file_names_its_release_hash_and_data(versions, churn_model):
-    from course_lib.data import TELCO_SHA256
+    from course_lib.churn.data import TELCO_SHA256
 
     assert list(versions) == list(RELEASES)
     metas = {r: read_metadata(p) for r, p in versions.items()}

@@ -9,18 +9,23 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from course_lib.canary import HashRouter
-from course_lib.feature_store import CachedFeatureStore, FeatureStore, build_feature_store, customer_id
-from course_lib.model_versions import build_versions, load_versions
-from course_lib.monitored_service import (
+from course_lib.churn.versions import build_versions, load_versions
+from course_lib.operate.canary import HashRouter
+from course_lib.operate.monitored_service import (
     ServiceMetrics,
     ShadowScorer,
     VersionedChurnService,
     create_monitored_app,
 )
-from course_lib.prom_quantile import SLO_BUCKETS_S, histogram_quantile, scraped_buckets
-from course_lib.server import serve_in_thread
-from course_lib.service import onnx_forward
+from course_lib.operate.prom_quantile import SLO_BUCKETS_S, histogram_quantile, scraped_buckets
+from course_lib.serving.feature_store import (
+    CachedFeatureStore,
+    FeatureStore,
+    build_feature_store,
+    customer_id,
+)
+from course_lib.serving.server import serve_in_thread
+from course_lib.serving.service import onnx_forward
 
 N_CUSTOMERS = 3000
 

@@ -6,8 +6,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from course_lib import export, model_versions
-from course_lib.onnx_metadata import METADATA_DATA_SHA256, METADATA_MODEL_VERSION, stamp_identity
+from course_lib.churn import versions as model_versions
+from course_lib.churn.export import METADATA_DATA_SHA256, METADATA_MODEL_VERSION, stamp_identity
+from course_lib.churn.export import _onnx as export
 
 
 def _tiny_model() -> onnx.ModelProto:

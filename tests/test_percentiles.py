@@ -11,7 +11,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from course_lib.percentiles import fanout_tail_probability, nearest_rank_position, percentile, percentiles
+from course_lib.core.percentiles import (
+    fanout_tail_probability,
+    nearest_rank_position,
+    percentile,
+    percentiles,
+)
 
 latencies_ms = st.lists(
     st.floats(min_value=0.0, max_value=1e7, allow_nan=False, allow_infinity=False), min_size=1, max_size=300

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 
-from course_lib.plotting import log_ticks, set_log_ticks
+from course_lib.core.plotting import log_ticks, set_log_ticks
 
 
 def test_wide_range_uses_one_two_five():

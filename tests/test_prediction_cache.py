@@ -8,15 +8,19 @@ import threading
 import cachetools
 import pytest
 
-from course_lib.prediction_cache import (
+from course_lib.core.waiting import wait_until
+from course_lib.serving.cache.redis_server import (
+    RedisUnavailableError,
+    redis_server,
+    redis_unavailable_reason,
+)
+from course_lib.serving.cache.stores import (
     CacheStats,
     InProcessPredictionCache,
     PredictionCache,
     PredictionKey,
     RedisPredictionCache,
 )
-from course_lib.redis_server import RedisUnavailableError, redis_server, redis_unavailable_reason
-from course_lib.waiting import wait_until
 
 
 class FakeClock:

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.data import FEATURE_COLUMNS
-from course_lib.prediction_key import PredictionKey, check_key_part, features_digest
+from course_lib.churn.data import FEATURE_COLUMNS
+from course_lib.serving.cache.key import PredictionKey, check_key_part, features_digest
 
 
 def test_a_key_depends_on_every_part_and_reads_as_its_redis_string():

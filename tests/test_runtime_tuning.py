@@ -1,12 +1,12 @@
-"""course_lib.runtime_tuning: optimisation levels x intra-op threads, and oversubscription across processes."""
+"""course_lib.optimize.runtime_tuning: optimisation levels x intra-op threads, and oversubscription across processes."""
 
 from __future__ import annotations
 
 import pytest
 
-from course_lib.export import OnnxChurnScorer, make_session
-from course_lib.model import features
-from course_lib.runtime_tuning import oversubscription_table, tuning_table, usable_cores
+from course_lib.churn.export import OnnxChurnScorer, make_session
+from course_lib.churn.model import features
+from course_lib.optimize.runtime_tuning import oversubscription_table, tuning_table, usable_cores
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import yaml
 
-from course_lib.autoscaler import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, ScalingPolicy, ScalingRules
-from course_lib.hpa_manifest import SEED_004_HPA_FIELDS, hpa_manifest, to_yaml, validate_hpa
-from course_lib.scale_to_zero import poisson_arrival_times_s, scale_to_zero
+from course_lib.operate.hpa_manifest import SOURCE004_HPA_FIELDS, hpa_manifest, to_yaml, validate_hpa
+from course_lib.simulate.hpa import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, ScalingPolicy, ScalingRules
+from course_lib.simulate.scale_to_zero import scale_to_zero
+from course_lib.simulate.traffic import poisson_arrival_times_s
 
 
 def test_cold_start_hand_worked_vector():
@@ -61,8 +62,8 @@ def test_generated_manifest_is_valid_and_round_trips_through_yaml():
     assert doc["spec"]["metrics"][2]["external"]["target"]["value"] == "0.23"
 
 
-def test_seed_004_fields_fail_the_schema():
-    errors = validate_hpa(SEED_004_HPA_FIELDS)
+def test_source_004_fields_fail_the_schema():
+    errors = validate_hpa(SOURCE004_HPA_FIELDS)
     for field in (
         "targetCPUUtilizationPercentage",
         "targetAverageValue",

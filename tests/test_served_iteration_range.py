@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-from course_lib.model import features, labels, make_xgb_pipeline, split_telco
-from course_lib.throughput import churn_candidates as churn_candidates_reexported
-from course_lib.throughput_candidates import churn_candidates
-from course_lib.tree_pruning import prefix_probabilities, prune_trees, served_rounds
+from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+from course_lib.churn.model import features, labels, make_xgb_pipeline, split_telco
+from course_lib.churn.pruning import prefix_probabilities, prune_trees, served_rounds
+from course_lib.measure.throughput import churn_candidates
+from course_lib.measure.throughput import churn_candidates as churn_candidates_reexported
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_the_throughput_candidate_scores_the_served_model(early_stopped):
     all_trees = booster.inplace_predict(matrix)
     np.testing.assert_allclose(served, expected, atol=1e-6)
     assert np.abs(all_trees - expected).max() > 0.01  # the bug the candidate must not have
-    from course_lib.data import make_customers
+    from course_lib.churn.data import make_customers
 
     synthetic = features(make_customers(512, seed=0))
     got = np.asarray(candidate.make_call(512)(), dtype=np.float64)

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course_lib.batching_service import run_servers
-from course_lib.feature_store import customer_id
-from course_lib.waiting import wait_until
+from course_lib.core.waiting import wait_until
+from course_lib.serving.batching.predict import run_servers
+from course_lib.serving.feature_store import customer_id
 
 ROOT = Path(__file__).resolve().parent.parent
 N_CUSTOMERS = 2000
@@ -263,7 +263,7 @@ def test_a_server_exits_when_its_parent_dies(store_folder, tmp_path):
     script = textwrap.dedent(
         f"""
         import time
-        from course_lib.batching_service import run_servers
+        from course_lib.serving.batching.predict import run_servers
         with run_servers({{"s": {{"runtime": "xgboost", "n_customers": {N_CUSTOMERS},
                                  "store_folder": {str(store_folder)!r}, "parent_check_s": 0.2}}}}) as urls:
             print(urls["s"], urls.processes["s"].pid, flush=True)

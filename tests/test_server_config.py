@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.batcher import DynamicBatcher
-from course_lib.batching_service import create_batched_app
-from course_lib.server import serve_in_thread
-from course_lib.server_config import (
+from course_lib.serving.batching.batcher import DynamicBatcher
+from course_lib.serving.batching.predict import create_batched_app
+from course_lib.serving.server import (
     DEFAULTS,
     ServerConfig,
     add_arguments,
     from_arguments,
+    serve_in_thread,
     split_config,
     to_argv,
 )

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.server_timing import check_metric_name, format_server_timing, parse_server_timing
+from course_lib.serving.profiling import check_metric_name, format_server_timing, parse_server_timing
 
 stage_names = st.from_regex(r"[a-z][a-z0-9_]{0,11}", fullmatch=True)
 

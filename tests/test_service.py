@@ -9,11 +9,17 @@ import httpx
 import numpy as np
 import pytest
 
-from course_lib.data import FEATURE_COLUMNS, ID_COLUMN, make_customers
-from course_lib.feature_store import CachedFeatureStore, FeatureStore, build_feature_store, make_lookup
-from course_lib.profiling import parse_server_timing
-from course_lib.server import serve_in_thread
-from course_lib.service import (
+from course_lib.churn.data import FEATURE_COLUMNS, ID_COLUMN, make_customers
+from course_lib.core.waiting import wait_until
+from course_lib.serving.feature_store import (
+    CachedFeatureStore,
+    FeatureStore,
+    build_feature_store,
+    make_lookup,
+)
+from course_lib.serving.profiling import parse_server_timing
+from course_lib.serving.server import serve_in_thread
+from course_lib.serving.service import (
     MAX_BODY_BYTES,
     SERVER_STAGES,
     STAGES,
@@ -23,7 +29,6 @@ from course_lib.service import (
     native_forward,
     onnx_forward,
 )
-from course_lib.waiting import wait_until
 
 N_CUSTOMERS = 5_000
 SEED = 11
@@ -329,7 +334,7 @@ def test_a_stored_customer_outside_the_schema_gets_a_422_naming_the_column(store
 
 
 def test_one_customer_outside_the_schema_never_fails_its_batch_mates(store, churn_model):
-    from course_lib.batching_service import create_batched_app
+    from course_lib.serving.batching.predict import create_batched_app
 
     bad_id = "SC-0000007"
 
@@ -391,17 +396,17 @@ def test_a_utf8_byte_order_mark_is_ignored(onnx_service, expected_p):
     ],
 )
 def test_json_media_types_follow_fastapis_rule(content_type, accepted):
-    from course_lib.service_app import is_json_content_type
+    from course_lib.serving.service import is_json_content_type
 
     assert is_json_content_type(content_type) is accepted
 
 
 def test_the_service_modules_keep_every_public_name_importable_from_course_lib_service():
-    import course_lib.service as service
-    import course_lib.service_app as app
-    import course_lib.service_client as client
-    import course_lib.service_pipeline as pipeline
-    import course_lib.strict_json as strict_json
+    import course_lib.serving.service as service
+    import course_lib.serving.service._app as app
+    import course_lib.serving.service._client as client
+    import course_lib.serving.service._pipeline as pipeline
+    import course_lib.serving.service._strict_json as strict_json
 
     for module in (app, client, pipeline, strict_json):
         for name in module.__all__:

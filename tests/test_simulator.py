@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.batch_cost import LinearCostModel
-from course_lib.simulator import (
+from course_lib.measure.batch_cost import LinearCostModel
+from course_lib.simulate.batching import (
     TRIGGERS,
     check_batching_params,
     next_batch_size,

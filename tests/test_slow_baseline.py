@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.feature_store import FeatureStore, make_lookup
-from course_lib.model import load_or_train_churn_model
-from course_lib.profiling import profile_requests
-from course_lib.slow_baseline import STAGES, SlowChurnScorer
+from course_lib.churn.model import load_or_train_churn_model
+from course_lib.serving.feature_store import FeatureStore, make_lookup
+from course_lib.serving.profiling import profile_requests
+from course_lib.serving.slow_baseline import STAGES, SlowChurnScorer
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_the_lookup_reads_the_store_without_its_index(scorer, store, monkeypatch
 
 
 def test_the_model_is_re_created_for_every_request(scorer, store, monkeypatch):
-    import course_lib.slow_baseline as slow
+    import course_lib.serving.slow_baseline as slow
 
     loads = []
     real_loads = slow.pickle.loads

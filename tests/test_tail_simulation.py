@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from course_lib.percentiles import fanout_tail_probability, percentile
-from course_lib.tail_simulation import (
+from course_lib.core.percentiles import fanout_tail_probability, percentile
+from course_lib.simulate.tail import (
     events_per_minute,
     fanout_page_latency_ms,
     implied_rate_rps,

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.data import DATA_DIR
-from course_lib.percentiles import percentile
-from course_lib.throughput import (
+from course_lib.churn.data import DATA_DIR
+from course_lib.core.percentiles import percentile
+from course_lib.measure.throughput import (
     MEASUREMENTS_DIR,
     SCHEMA,
     Candidate,
@@ -160,7 +160,7 @@ def test_churn_candidates_reject_unknown_runtime(churn_model, onnx_model):
 
 
 def test_node_placement_counts_cpu_nodes(onnx_model, onnx_scorer, telco):
-    from course_lib.model import features
+    from course_lib.churn.model import features
 
     feeds = onnx_scorer.feeds(features(telco.head(4)))
     placement = onnx_node_placement(onnx_model, ["CPUExecutionProvider"], feeds)

@@ -1,4 +1,4 @@
-"""course_lib.tree_pruning: the trees curve, its flattening point, and pruning without retraining."""
+"""course_lib.churn.pruning: the trees curve, its flattening point, and pruning without retraining."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.export import OnnxChurnScorer, check_parity, make_session, pipeline_to_onnx
-from course_lib.model import features
-from course_lib.tree_pruning import flattening_point, prefix_probabilities, prune_trees, trees_curve
+from course_lib.churn.export import OnnxChurnScorer, check_parity, make_session, pipeline_to_onnx
+from course_lib.churn.model import features
+from course_lib.churn.pruning import flattening_point, prefix_probabilities, prune_trees, trees_curve
 
 
 def test_trees_curve_ends_with_the_full_model(churn_model):
@@ -76,7 +76,7 @@ def test_bad_curve_grids_and_pipelines_raise(churn_model):
         trees_curve(churn_model.pipeline, churn_model.split.valid, [0, 10])
     with pytest.raises(ValueError, match="strictly increasing"):
         trees_curve(churn_model.pipeline, churn_model.split.valid, [50, 10])
-    from course_lib.model import make_baseline_pipeline
+    from course_lib.churn.model import make_baseline_pipeline
 
     with pytest.raises(ValueError, match="XGBClassifier"):
         trees_curve(make_baseline_pipeline(), churn_model.split.valid)

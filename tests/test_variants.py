@@ -1,4 +1,4 @@
-"""course_lib.variants and course_lib.neural_model: the variant scorecard on a small MLP."""
+"""course_lib.optimize.variants and course_lib.churn.neural: the variant scorecard on a small MLP."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.accuracy_budget import AccuracyBudget
-from course_lib.compression import make_variant
-from course_lib.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-from course_lib.feature_schema import FeatureError
-from course_lib.model import features
-from course_lib.neural_model import make_mlp_pipeline, mlp_n_parameters, train_mlp_churn_model
-from course_lib.variants import (
+from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+from course_lib.churn.model import features
+from course_lib.churn.neural import make_mlp_pipeline, mlp_n_parameters, train_mlp_churn_model
+from course_lib.churn.schema import FeatureError
+from course_lib.optimize.accuracy_budget import AccuracyBudget
+from course_lib.optimize.compression import make_variant
+from course_lib.optimize.variants import (
     BATCH_INDEPENDENCE_ATOL,
     batch_dependence,
     choose_variant,

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from course_lib.waiting import async_wait_until, wait_until
+from course_lib.core.waiting import async_wait_until, wait_until
 
 
 def test_returns_the_first_truthy_value():

@@ -1,6 +1,6 @@
 import pytest
 
-from course_lib.wording import ratio_phrase
+from course_lib.core.wording import ratio_phrase
 
 
 def test_direction_follows_the_numbers():

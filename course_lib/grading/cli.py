@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_lib.grading import _course_root, question_scores, run_nbgrader, score_table
+from course_lib.grading.gradebook import _course_root, question_scores, run_nbgrader, score_table
 from course_lib.grading.sandbox import MECHANISMS, find_sandbox
 
 __all__ = ["main", "screen_report"]

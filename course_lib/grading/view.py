@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib.core._io import REPO_ROOT as _REPO_ROOT
+
 __all__ = [
     "DEVICES",
     "ETC_FILES",
@@ -41,7 +43,7 @@ __all__ = [
     "kernel_view",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = _REPO_ROOT
 GIB = 1024**3
 MIB = 1024**2
 #: The parts of /etc a Python kernel uses (the dynamic loader, time zone, fonts, certificates, user names);

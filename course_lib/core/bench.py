@@ -1,0 +1,303 @@
+"""The course's one timing harness: time callables side by side in interleaved rounds.
+
+Machines are shared and noisy, so absolute times are shown but never trusted alone. Every measurement
+in the course goes through :func:`interleaved_rounds_ns`:
+
+1. each candidate is called ``warmup_calls`` times untimed (JIT, caches, thread pools);
+2. the calls per round are fixed: given, or set by the one rule :func:`calls_per_round` from one
+   timed probe call of each candidate (the slowest sets the count, so every candidate gets the same);
+3. ``rounds`` rounds run every candidate in turn (A B C, A B C, ...) for that many calls, so drift
+   on the machine hits all of them alike;
+4. the per-call wall times come back in nanoseconds, one row per round, so a caller can take a
+   statistic per round (:func:`p99_median_of_rounds_us`) or over all calls pooled.
+
+:func:`compare_latency` builds the usual table on it (median, p99 and speed-up over a baseline);
+``batch_cost.measure_call_ms``, ``throughput.measure_batch_latency``, ``runtime_tuning.tuning_table``
+and ``variants.variant_latency`` are built on it too. :func:`usable_cores` is the one core count.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+import pandas as pd
+
+from course_lib.core.percentiles import percentile
+
+__all__ = [
+    "calls_per_round",
+    "compare_latency",
+    "interleaved_rounds_ns",
+    "p99_median_of_rounds_us",
+    "time_calls_ns",
+    "usable_cores",
+]
+
+K = TypeVar("K", bound=Hashable)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: ``os.sched_getaffinity`` where available, else ``os.cpu_count()``.
+
+    Returns
+    -------
+    int >= 1
+        The cores a container or ``taskset`` leaves to this process (which can be fewer than the
+        machine's logical cores).
+
+    Examples
+    --------
+    >>> usable_cores() >= 1
+    True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def time_calls_ns(fn: Callable[[], object], n_calls: int, *, warmup_calls: int = 0) -> np.ndarray:
+    """Call ``fn()`` ``warmup_calls`` times untimed, then ``n_calls`` times timed.
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (n_calls,)
+        Wall time of each call in nanoseconds (``time.perf_counter_ns``).
+
+    Raises
+    ------
+    ValueError
+        If ``n_calls`` < 1 or ``warmup_calls`` < 0.
+
+    Examples
+    --------
+    >>> time_calls_ns(lambda: None, 3, warmup_calls=1).shape
+    (3,)
+    """
+    if n_calls < 1:
+        raise ValueError(f"n_calls must be >= 1, got {n_calls}")
+    if warmup_calls < 0:
+        raise ValueError(f"warmup_calls must be >= 0, got {warmup_calls}")
+    for _ in range(warmup_calls):
+        fn()
+    out = np.empty(n_calls, dtype=np.int64)
+    clock = time.perf_counter_ns
+    for i in range(n_calls):
+        start = clock()
+        fn()
+        out[i] = clock() - start
+    return out
+
+
+def calls_per_round(
+    seconds_per_call: float, *, target_s: float, rounds: int, min_calls: int = 20, max_calls: int = 1000
+) -> int:
+    """The course's one call-count rule: enough calls for about ``target_s`` timed seconds per candidate.
+
+    ``n = clip(target_s / (rounds x seconds_per_call), min_calls, max_calls)``: fast calls get many
+    samples (a p99 needs >= 100 calls per round to be more than the slowest call), slow calls few, and
+    a lesson's run time stays bounded on a slow machine.
+
+    Parameters
+    ----------
+    seconds_per_call : float >= 0
+        One probe call's wall time, seconds (the slowest candidate's); below 100 ns counts as 100 ns.
+    target_s : float > 0
+        Timed seconds per candidate over all rounds.
+    rounds : int >= 1
+    min_calls, max_calls : int, 1 <= min_calls <= max_calls
+        Bounds on the calls per round.
+
+    Returns
+    -------
+    int, calls per round.
+
+    Raises
+    ------
+    ValueError
+        For a non-positive ``target_s``, ``rounds`` < 1 or bounds out of order.
+
+    Examples
+    --------
+    >>> calls_per_round(0.001, target_s=1.0, rounds=5)
+    200
+    >>> calls_per_round(1.0, target_s=1.0, rounds=5, min_calls=3)
+    3
+    """
+    if not target_s > 0:
+        raise ValueError(f"target_s must be > 0 seconds, got {target_s!r}")
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if not 1 <= min_calls <= max_calls:
+        raise ValueError(f"need 1 <= min_calls <= max_calls, got {min_calls} and {max_calls}")
+    if not seconds_per_call >= 0:
+        raise ValueError(f"seconds_per_call must be >= 0 seconds, got {seconds_per_call!r}")
+    return int(np.clip(target_s / (rounds * max(seconds_per_call, 1e-7)), min_calls, max_calls))
+
+
+def interleaved_rounds_ns(
+    candidates: Mapping[K, Callable[[], object]],
+    *,
+    n_calls: int | None = None,
+    rounds: int = 5,
+    warmup_calls: int = 0,
+    target_s: float = 1.0,
+    min_calls: int = 20,
+    max_calls: int = 1000,
+) -> dict[K, np.ndarray]:
+    """Time every candidate in interleaved rounds; per-call wall times in nanoseconds, one row per round.
+
+    Parameters
+    ----------
+    candidates : mapping of key -> zero-argument callable
+        Each does one call of the work being timed (inputs prepared beforehand, so only the call is timed).
+    n_calls : int >= 1, optional
+        Timed calls per candidate in each round. None: :func:`calls_per_round` from one timed probe call
+        of each candidate (after warm-up), with ``target_s``, ``min_calls`` and ``max_calls``.
+    rounds : int >= 1
+        Rounds; each runs every candidate once for ``n_calls`` calls, in the mapping's order.
+    warmup_calls : int >= 0
+        Untimed calls per candidate before anything is timed.
+    target_s, min_calls, max_calls
+        The call-count rule's settings, used only when ``n_calls`` is None.
+
+    Returns
+    -------
+    dict of key -> numpy.ndarray of int64, shape (rounds, n_calls)
+        Row r holds the candidate's calls of round r, in nanoseconds (``time.perf_counter_ns``).
+
+    Raises
+    ------
+    ValueError
+        For no candidates, ``rounds`` < 1, ``n_calls`` < 1 or ``warmup_calls`` < 0.
+
+    Examples
+    --------
+    >>> samples = interleaved_rounds_ns({"a": lambda: None, "b": lambda: None}, n_calls=4, rounds=3)
+    >>> {name: s.shape for name, s in samples.items()}
+    {'a': (3, 4), 'b': (3, 4)}
+    """
+    if not candidates:
+        raise ValueError("candidates must name at least one callable")
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if not (isinstance(warmup_calls, int) and warmup_calls >= 0):
+        raise ValueError(f"warmup_calls must be an integer >= 0, got {warmup_calls!r}")
+    if n_calls is not None and not (isinstance(n_calls, (int, np.integer)) and n_calls >= 1):
+        raise ValueError(f"n_calls must be an integer >= 1 or None, got {n_calls!r}")
+    for fn in candidates.values():
+        for _ in range(warmup_calls):
+            fn()
+    if n_calls is None:
+        slowest_ns = max(int(time_calls_ns(fn, 1)[0]) for fn in candidates.values())
+        n_calls = calls_per_round(
+            slowest_ns / 1e9, target_s=target_s, rounds=rounds, min_calls=min_calls, max_calls=max_calls
+        )
+    samples = {key: np.empty((rounds, int(n_calls)), dtype=np.int64) for key in candidates}
+    for r in range(rounds):
+        for key, fn in candidates.items():
+            samples[key][r] = time_calls_ns(fn, int(n_calls))
+    return samples
+
+
+def p99_median_of_rounds_us(rounds_ns: Sequence[np.ndarray] | np.ndarray) -> float:
+    """Median over rounds of each round's p99 (nearest rank) call time, in microseconds.
+
+    A scheduler stall that lands in a minority of the rounds does not move it; a slow tail the timed
+    code produces itself shows in most rounds and does (see :mod:`course_lib.measure.throughput._measure`).
+
+    Parameters
+    ----------
+    rounds_ns : sequence of 1-D arrays (or a 2-D array, one row per round) of call times in nanoseconds,
+        at least one call each.
+
+    Returns
+    -------
+    float, microseconds. With an odd number of rounds it is one round's p99; with an even number, the
+    mean of the two middle ones (``numpy.median``).
+
+    Raises
+    ------
+    ValueError
+        If there are no rounds or a round is empty.
+
+    References
+    ----------
+    Nearest-rank percentile: :func:`course_lib.core.percentiles.percentile`. The median-of-rounds rule is the
+    course's choice for a shared machine.
+
+    Examples
+    --------
+    >>> p99_median_of_rounds_us([[1000, 2000], [3000, 4000], [5000, 9_000_000]])
+    4.0
+    """
+    if len(rounds_ns) == 0 or any(len(r) == 0 for r in rounds_ns):
+        raise ValueError(
+            f"rounds_ns must hold at least one non-empty round, got sizes {[len(r) for r in rounds_ns]}"
+        )
+    return float(np.median([percentile(np.asarray(r) / 1e3, 99) for r in rounds_ns]))
+
+
+def compare_latency(
+    candidates: dict[str, Callable[[], object]],
+    *,
+    n_calls: int | None = 200,
+    rounds: int = 5,
+    warmup_calls: int = 20,
+    baseline: str | None = None,
+    items_per_call: int = 1,
+    target_s: float = 1.0,
+) -> pd.DataFrame:
+    """Time several callables side by side and tabulate latency and speed-up.
+
+    Parameters
+    ----------
+    candidates : dict of name -> zero-argument callable
+        Each scores the same input (e.g. one customer) its own way.
+    n_calls : int >= 1 or None
+        Timed calls per candidate in each round; None applies :func:`calls_per_round` (about
+        ``target_s`` timed seconds per candidate, 20 to 1,000 calls per round).
+    rounds : int
+        Interleaved rounds (:func:`interleaved_rounds_ns`).
+    warmup_calls : int
+        Untimed calls per candidate before the first round (JIT, caches, thread pools).
+    baseline : str, optional
+        Candidate the ``speedup`` column divides by; defaults to the first one.
+    items_per_call : int
+        Predictions per call, for the ``us_per_item`` column.
+    target_s : float > 0
+        Used only when ``n_calls`` is None.
+
+    Returns
+    -------
+    DataFrame indexed by candidate with ``median_us``, ``p99_us`` (nearest rank), ``us_per_item`` and
+    ``speedup`` (baseline median / candidate median) over all ``n_calls x rounds`` timed calls.
+
+    Raises
+    ------
+    ValueError
+        For no candidates, an unknown baseline, or counts below 1.
+    """
+    if not candidates:
+        raise ValueError("candidates must name at least one callable")
+    base = baseline if baseline is not None else next(iter(candidates))
+    if base not in candidates:
+        raise ValueError(f"baseline {base!r} is not one of {list(candidates)}")
+    if n_calls is not None and not (isinstance(n_calls, (int, np.integer)) and n_calls >= 1):
+        raise ValueError(f"n_calls must be >= 1, got {n_calls}")
+    samples = interleaved_rounds_ns(
+        candidates, n_calls=n_calls, rounds=rounds, warmup_calls=warmup_calls, target_s=target_s
+    )
+    rows = {}
+    for name, ns in samples.items():
+        us = ns.ravel() / 1e3
+        rows[name] = {"median_us": float(np.median(us)), "p99_us": percentile(us, 99)}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table["us_per_item"] = table["median_us"] / items_per_call
+    table["speedup"] = table.loc[base, "median_us"] / table["median_us"]
+    table.index.name = "candidate"
+    return table

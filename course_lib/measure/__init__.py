@@ -1,0 +1,8 @@
+"""Layer 4, measuring real servers and models: the open-loop load generator and its targets, rate ladders
+and knees, coordinated omission, HdrHistograms, Locust, the load-test server, batching cost and gain,
+throughput records, cold starts, GC pauses, and the lessons' live experiments.
+
+Imports only from the layers below.
+"""
+
+__all__ = ["batch_cost", "batching_gain", "capacity_record", "cold_start", "coordinated_omission", "gc_pauses", "generators", "histograms", "knee", "load_server", "loadgen", "locust_runner", "rate_sweep", "server_levers", "source_loadtest", "targets", "throughput"]

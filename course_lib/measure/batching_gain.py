@@ -1,0 +1,246 @@
+"""What a load-test ladder says about a batching gain, and Amdahl's bound on that gain.
+
+A ``capacity_table`` (``course_lib.measure.rate_sweep``) gives each configuration's ``sustained_rps`` (the highest
+rung of the rate ladder that met the p99 limit) and ``first_failed_rps`` (the lowest rung where every
+try missed; NaN if the configuration met every rung). Its true capacity lies between the two, so the
+gain of a batched configuration over a baseline is only known to lie in an interval:
+
+    sustained_batched / first_failed_baseline  <=  gain  <=  first_failed_batched / sustained_baseline
+
+with an open end where a configuration met every rung. :func:`gain_verdict` reports the point ratio of
+the sustained rungs together with that interval, and :func:`bound_verdict` says whether an Amdahl
+bound lies below, inside or above it.
+
+Amdahl's law for batching: a request costs ``h`` ms of per-request work (HTTP, parsing, lookup,
+formatting) plus its share of the model call, ``m(1)`` alone or ``m(b) / b`` in batches of ``b``. The
+throughput gain of batching can therefore not exceed ``(h + m(1)) / (h + m(b) / b)``
+(:func:`amdahl_bound`).
+
+References
+----------
+Amdahl, G. M. (1967), "Validity of the single processor approach to achieving large scale computing
+capabilities", AFIPS Conference Proceedings 30: 483-485.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "GainVerdict",
+    "amdahl_bound",
+    "bound_verdict",
+    "gain_texts",
+    "gain_verdict",
+    "median_round_trip_ms",
+]
+
+
+@dataclass(frozen=True)
+class GainVerdict:
+    """A batching gain read off a rate ladder.
+
+    ``ratio`` = sustained rung of the batched configuration / that of the best baseline; the true gain
+    lies in [``low``, ``high``] (``high`` is ``inf`` when the batched configuration met every rung,
+    ``low`` is 0 when the baseline did). ``text`` is the ratio worded with what the ladder leaves
+    unknown ("2.0x", "at least 16.0x", "at most 0.8x"), ``caveat`` the reason, ``baseline`` the name
+    of the baseline used.
+    """
+
+    ratio: float
+    low: float
+    high: float
+    text: str
+    caveat: str
+    baseline: str
+
+
+def _rung(capacity: pd.DataFrame, name: str, column: str) -> float:
+    if name not in capacity.index:
+        raise ValueError(f"{name!r} is not a target of the capacity table; targets: {list(capacity.index)}")
+    return float(capacity.loc[name, column])
+
+
+def gain_verdict(capacity: pd.DataFrame, baselines: Sequence[str], batched: str) -> GainVerdict:
+    """Batched capacity over the best baseline's, with the interval the ladder allows.
+
+    Parameters
+    ----------
+    capacity : DataFrame from ``course_lib.measure.rate_sweep.capacity_table``, indexed by target, with
+        ``sustained_rps`` and ``first_failed_rps`` (requests/s).
+    baselines : names of the one-call-per-request targets; the one that sustained most is used.
+    batched : name of the batched target.
+
+    Returns
+    -------
+    GainVerdict
+
+    Raises
+    ------
+    ValueError
+        If a name is not in ``capacity`` or ``baselines`` is empty. A baseline that met the limit at
+        no rung (sustained 0 req/s) gives ``ratio`` NaN and only the lower end ``low``.
+    """
+    if not baselines:
+        raise ValueError("baselines is empty: name at least one one-call-per-request target")
+    best = max(baselines, key=lambda name: _rung(capacity, name, "sustained_rps"))
+    base, base_fail = _rung(capacity, best, "sustained_rps"), _rung(capacity, best, "first_failed_rps")
+    top, top_fail = _rung(capacity, batched, "sustained_rps"), _rung(capacity, batched, "first_failed_rps")
+    low = top / base_fail if not math.isnan(base_fail) else 0.0
+    if base <= 0:  # the baseline failed even the lowest rung: only a lower bound on the gain is known
+        caveat = (
+            "the baseline met the p99 limit at no rung of the ladder (a slow or busy machine: start the "
+            "ladder lower), so only a lower bound is known"
+        )
+        return GainVerdict(math.nan, low, math.inf, f"at least {low:.1f}x", caveat, best)
+    ratio = top / base
+    high = top_fail / base if not math.isnan(top_fail) else math.inf
+    if math.isnan(top_fail) and math.isnan(base_fail):
+        text, caveat = (
+            f"{ratio:.1f}x",
+            "both met every rung, so both capacities are lower bounds and the gain is unknown",
+        )
+    elif math.isnan(base_fail):
+        text, caveat = (
+            f"at most {ratio:.1f}x",
+            "the baseline met every rung, so its capacity is only a lower bound",
+        )
+    elif math.isnan(top_fail):
+        text, caveat = (
+            f"at least {ratio:.1f}x",
+            "batching met every rung, so its capacity is only a lower bound",
+        )
+    else:
+        text, caveat = (
+            f"{ratio:.1f}x",
+            f"both found their limit on the ladder: the gain lies in [{low:.2f}x, {high:.2f}x]",
+        )
+    return GainVerdict(ratio, low, high, text, caveat, best)
+
+
+def gain_texts(capacity: pd.DataFrame, baselines: Sequence[str]) -> pd.Series:
+    """Every target's gain over the best baseline, worded as :func:`gain_verdict` words it.
+
+    For a table column that follows the same rule as the sentence printed from ``gain_verdict``:
+    "2.0x", "at least 16.0x", "at most 0.8x"; where no baseline met the limit at any rung, the
+    baselines' own rows say so in words ("no baseline met the limit") instead of NaN or inf.
+
+    Parameters
+    ----------
+    capacity : DataFrame from ``course_lib.measure.rate_sweep.capacity_table``, indexed by target.
+    baselines : names of the one-call-per-request targets; the one that sustained most is used.
+
+    Returns
+    -------
+    Series of str indexed like ``capacity``, named ``gain``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`gain_verdict`: an unknown name or no baseline.
+    """
+    if not baselines:
+        raise ValueError("baselines is empty: name at least one one-call-per-request target")
+    none_met = max(_rung(capacity, name, "sustained_rps") for name in baselines) <= 0
+    texts = {
+        name: "no baseline met the limit"
+        if none_met and name in baselines
+        else gain_verdict(capacity, baselines, name).text
+        for name in capacity.index
+    }
+    return pd.Series(texts, name="gain")
+
+
+def amdahl_bound(
+    per_request_ms: float, call_ms_batch_1: float, call_ms_batch: float, batch_size: int
+) -> float:
+    """Largest throughput gain batching can give: ``(h + m(1)) / (h + m(b) / b)``.
+
+    Parameters
+    ----------
+    per_request_ms : float >= 0
+        ``h``, work per request that no batch shares (HTTP, parsing, lookup, formatting), ms.
+    call_ms_batch_1, call_ms_batch : float > 0
+        ``m(1)`` and ``m(b)``: one model call with 1 and with ``batch_size`` items, ms.
+    batch_size : int >= 1
+
+    Raises
+    ------
+    ValueError
+        For a negative or non-finite time, a non-positive call time, or ``batch_size`` < 1.
+    """
+    for name, value in (
+        ("per_request_ms", per_request_ms),
+        ("call_ms_batch_1", call_ms_batch_1),
+        ("call_ms_batch", call_ms_batch),
+    ):
+        if not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite time in ms >= 0, got {value!r}")
+    if call_ms_batch_1 <= 0 or call_ms_batch <= 0:
+        raise ValueError(
+            f"model call times must be > 0 ms, got m(1)={call_ms_batch_1!r}, m(b)={call_ms_batch!r}"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    return (per_request_ms + call_ms_batch_1) / (per_request_ms + call_ms_batch / batch_size)
+
+
+def bound_verdict(verdict: GainVerdict, bound: float) -> str:
+    """Where an Amdahl ``bound`` lies relative to the interval of a measured gain, in words."""
+    if not math.isfinite(bound) or bound <= 0:
+        raise ValueError(f"bound must be a positive finite gain, got {bound!r}")
+    interval = f"[{verdict.low:.2f}x, {'open' if math.isinf(verdict.high) else f'{verdict.high:.2f}x'}]"
+    if verdict.low > bound:
+        return (
+            f"the whole interval {interval} lies above the bound {bound:.2f}x: h was overestimated "
+            "(the round trip at low load is not the cost per request at saturation) or noise moved a rung"
+        )
+    if verdict.high < bound:
+        return (
+            f"the whole interval {interval} lies below the bound {bound:.2f}x: something besides per-request "
+            "work limits the batched server (the client sharing the cores, the machine's load, the thread hop)"
+        )
+    return (
+        f"the bound {bound:.2f}x lies inside the measured interval {interval}: consistent with Amdahl's law"
+    )
+
+
+async def median_round_trip_ms(
+    post: Callable[[Any], Any], payloads: Sequence[Any], *, n_requests: int = 120, warmup_requests: int = 20
+) -> float:
+    """Median wall time of one request at a time, warm-up excluded, in ms.
+
+    Parameters
+    ----------
+    post : async callable payload -> response, e.g. ``lambda p: client.post(url, json=p)`` with an
+        ``httpx.AsyncClient``; a response with ``raise_for_status`` (httpx) is checked.
+    payloads : sequence of payloads, used in order (cycled if shorter than ``n_requests``).
+    n_requests : int > warmup_requests
+    warmup_requests : int >= 0
+
+    Raises
+    ------
+    ValueError
+        If ``payloads`` is empty or ``n_requests <= warmup_requests``.
+    """
+    if not payloads:
+        raise ValueError("payloads is empty")
+    if n_requests <= warmup_requests or warmup_requests < 0:
+        raise ValueError(
+            f"need n_requests > warmup_requests >= 0, got {n_requests!r} and {warmup_requests!r}"
+        )
+    samples = []
+    for i in range(n_requests):
+        start = time.perf_counter_ns()
+        response = await post(payloads[i % len(payloads)])
+        if hasattr(response, "raise_for_status"):  # an httpx response: a refused request is not a latency
+            response.raise_for_status()
+        samples.append((time.perf_counter_ns() - start) / 1e6)
+    return float(np.median(samples[warmup_requests:]))

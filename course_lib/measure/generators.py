@@ -1,0 +1,374 @@
+"""Load-generator processes: a light HTTP target, several generator processes merged, and their own limit.
+
+A load generator is a program like any other: on a busy machine it falls behind its schedule, and
+then the "latency" it reports is its own lateness. Three tools keep it honest:
+
+* every process sends with ``course_lib.measure.targets.aiohttp_target`` (C-accelerated HTTP parsing, a
+  keep-alive connection pool, warmed before the run) under uvloop, several times cheaper per request
+  than httpx;
+* ``run_generators``: the same offered load split over ``n_processes`` generator processes (independent
+  Poisson streams at rate / n add up to a Poisson stream at the full rate), started at one common
+  instant, their per-request rows merged into one ``LoadResult`` (exact samples, never averaged
+  percentiles), each process separate from the server under test;
+* ``generator_limit``: the same generators against a null HTTP server (``serve_null``, an answer of
+  two bytes and no work), climbing rates until the send lag's p99 exceeds its bound, so every load
+  test can print the highest rate its own generator keeps up with.
+
+References
+----------
+Gil Tene, "How NOT to measure latency" (coordinated omission, generator lag).
+aiohttp client documentation ("Connectors", ``TCPConnector(limit=...)``); uvloop documentation.
+Python ``concurrent.futures.ProcessPoolExecutor`` with the ``spawn`` start method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from course_lib.measure.loadgen import (
+    SEND_LAG_BOUND_MS,
+    SPIN_WINDOW_S,
+    LoadResult,
+    run_open_loop,
+)
+from course_lib.measure.targets import aiohttp_target
+
+__all__ = [
+    "GeneratorPool",
+    "generator_limit",
+    "merge_results",
+    "run_generators",
+    "serve_null",
+]
+
+_NULL_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
+
+
+def _warm_worker() -> None:
+    """Worker initializer: import what a run needs now, not inside the first timed run."""
+    import aiohttp  # noqa: F401
+    import uvloop  # noqa: F401
+
+
+def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
+    """One generator process's run (executed in a worker process): wait for the common start, then send.
+
+    If the process starts its schedule late (after ``start_at``), every request left that much later
+    than intended: the lateness is added to each request's send lag and latency, never dropped.
+    """
+    import uvloop
+
+    async def main() -> tuple[LoadResult, float]:
+        async with aiohttp_target(spec["url"], spec["payloads"], fields=spec["fields"])() as send:
+            # Open a few keep-alive connections now, so the timed run does not pay for TCP handshakes.
+            await asyncio.gather(*(send(i) for i in range(spec["warm_connections"])), return_exceptions=True)
+            delay = spec["start_at"] - time.time() - SPIN_WINDOW_S
+            if delay > 0:
+                await asyncio.sleep(delay)  # coarse timer, then the exact instant (as run_open_loop does)
+            while time.time() < spec["start_at"]:
+                await asyncio.sleep(0)
+            late_ms = max(0.0, 1000.0 * (time.time() - spec["start_at"]))
+            result = await run_open_loop(
+                send,
+                rate_rps=spec["rate_rps"],
+                n_requests=spec["n_requests"],
+                max_duration_s=spec["duration_s"],
+                seed=spec["seed"],
+                request_timeout_s=spec["request_timeout_s"],
+                schedule_ms=spec["schedule_ms"],
+                spin_s=SPIN_WINDOW_S,  # a process of its own: spinning costs CPU, not another's GIL
+            )
+        return result, late_ms
+
+    # A full garbage collection of a process that has imported pandas takes milliseconds: enough to
+    # push a run's send lag over its bound. The run is bounded, so collect now and not during it.
+    gc.collect()
+    gc.disable()
+    try:
+        result, late_ms = uvloop.run(main())
+    finally:
+        gc.enable()
+    req = result.requests
+    frame = req.assign(lag_ms=req["lag_ms"] + late_ms, latency_ms=req["latency_ms"] + late_ms)
+    return {"requests": frame, "wall_s": result.wall_s, "pid": os.getpid(), "late_ms": late_ms}
+
+
+def merge_results(
+    parts: Sequence[pd.DataFrame], *, rate_rps: float, planned: int, wall_s: float
+) -> LoadResult:
+    """Merge per-process request rows into one ``LoadResult``: every sample kept, ids renumbered.
+
+    Rows are put in order of scheduled time and given fresh ``request_id`` 0..n-1; ``generator`` says
+    which process sent each one. Percentiles of the result are those of all requests together, which
+    an average of per-process percentiles is not (``course_lib.measure.histograms``).
+    """
+    frames = [p.assign(generator=k) for k, p in enumerate(parts) if len(p)]
+    if not frames:
+        raise ValueError("no generator sent a request")
+    merged = pd.concat(frames, ignore_index=True).sort_values("scheduled_ms", kind="stable")
+    merged = merged.reset_index(drop=True).assign(request_id=lambda f: np.arange(len(f)))
+    return LoadResult(requests=merged, rate_rps=float(rate_rps), planned=int(planned), wall_s=float(wall_s))
+
+
+class GeneratorPool:
+    """``n_processes`` load-generator processes (spawned once, reused for every run), apart from the server.
+
+    Use as a context manager; the processes exit when it closes or when this process dies (their
+    task pipe closes). Each run is bounded by its duration plus its request timeout.
+
+    Parameters
+    ----------
+    n_processes : int >= 1
+    start_delay_s : float > 0
+        The runs of all processes begin this long after the call, at one common wall-clock instant.
+    """
+
+    def __init__(self, n_processes: int = 2, *, start_delay_s: float = 0.3):
+        if isinstance(n_processes, bool) or not isinstance(n_processes, int) or n_processes < 1:
+            raise ValueError(f"n_processes must be an integer >= 1, got {n_processes!r}")
+        if not start_delay_s > 0:
+            raise ValueError(f"start_delay_s must be > 0 seconds, got {start_delay_s!r}")
+        self.n_processes = n_processes
+        self.start_delay_s = float(start_delay_s)
+        ctx = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(max_workers=n_processes, mp_context=ctx, initializer=_warm_worker)
+        # Start every worker now (imports included), not inside the first timed run.
+        futures = [self._pool.submit(time.sleep, 0.2) for _ in range(n_processes)]
+        for f in futures:
+            f.result()
+
+    def run(
+        self,
+        url: str,
+        payloads: Sequence[Any],
+        *,
+        rate_rps: float,
+        duration_s: float,
+        seed: int = 0,
+        request_timeout_s: float = 5.0,
+        fields: Iterable[str] = (),
+        schedule_ms: np.ndarray | None = None,
+        n_processes: int | None = None,
+        warm_connections: int = 8,
+    ) -> LoadResult:
+        """Offer ``rate_rps`` to ``url`` for ``duration_s`` from the processes together; merged result.
+
+        Parameters
+        ----------
+        url, payloads, fields : as ``aiohttp_target``.
+        rate_rps : float > 0
+            Total offered rate; each of the k processes sends a Poisson stream at rate / k with its
+            own seed (``seed * 1000 + process``).
+        duration_s : float > 0
+        schedule_ms : array, optional
+            One explicit schedule (e.g. a spike) dealt round-robin to the processes instead.
+        n_processes : int, optional
+            Use only the first n processes (default all).
+        warm_connections : int >= 0
+            Requests each process sends together before the common start, untimed, so that the run
+            finds that many keep-alive connections open instead of paying TCP handshakes.
+        """
+        k = self.n_processes if n_processes is None else n_processes
+        if not 1 <= k <= self.n_processes:
+            raise ValueError(f"n_processes must be in 1..{self.n_processes}, got {n_processes!r}")
+        if (
+            isinstance(warm_connections, bool)
+            or not isinstance(warm_connections, int)
+            or warm_connections < 0
+        ):
+            raise ValueError(f"warm_connections must be an integer >= 0, got {warm_connections!r}")
+        start_at = time.time() + self.start_delay_s  # one instant for every process
+        n_requests = int(rate_rps * duration_s * 1.5) + 100
+        specs = []
+        for j in range(k):
+            part = None if schedule_ms is None else np.asarray(schedule_ms, dtype=float)[j::k]
+            shift_ms = 0.0 if part is None else float(part[0])  # this process's first intended send
+            specs.append(
+                {
+                    "url": url,
+                    "payloads": list(payloads),
+                    "fields": tuple(fields),
+                    "rate_rps": rate_rps / k,
+                    "n_requests": n_requests if part is None else len(part),
+                    "duration_s": duration_s,
+                    "seed": seed * 1000 + j,
+                    "request_timeout_s": request_timeout_s,
+                    "schedule_ms": None if part is None else part - shift_ms,
+                    "start_at": start_at + shift_ms / 1000.0,
+                    "shift_ms": shift_ms,
+                    "warm_connections": warm_connections,
+                }
+            )
+        outs = list(self._pool.map(_run_one, specs))
+        parts = [
+            o["requests"].assign(scheduled_ms=o["requests"]["scheduled_ms"] + s["shift_ms"])
+            for o, s in zip(outs, specs, strict=True)
+        ]
+        planned = sum(s["n_requests"] for s in specs)
+        return merge_results(parts, rate_rps=rate_rps, planned=planned, wall_s=max(o["wall_s"] for o in outs))
+
+    def step_runner(
+        self, url: str, payloads: Sequence[Any], **run_kwargs: Any
+    ) -> Callable[[float], LoadResult]:
+        """A one-argument ``rate -> LoadResult`` for ``course_lib.measure.knee.climb``: ``run`` at that rate (seed = rate)."""
+
+        def step(rate_rps: float) -> LoadResult:
+            return self.run(url, payloads, rate_rps=rate_rps, seed=int(rate_rps), **run_kwargs)
+
+        return step
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> GeneratorPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def run_generators(
+    url: str, payloads: Sequence[Any], *, n_processes: int = 2, **run_kwargs: Any
+) -> LoadResult:
+    """One run from a fresh ``GeneratorPool(n_processes)``; see ``GeneratorPool.run`` for the arguments."""
+    with GeneratorPool(n_processes) as pool:
+        return pool.run(url, payloads, **run_kwargs)
+
+
+class _NullProtocol(asyncio.Protocol):
+    """Answers every HTTP/1.1 request on the connection with 200 ``{}`` and does nothing else."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head = self.buffer[:end].lower()
+            at = head.find(b"content-length:")
+            length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            self.transport.write(_NULL_ANSWER)
+
+
+def _watch_parent(parent_pid: int, lifetime_s: float) -> None:
+    deadline = time.monotonic() + lifetime_s
+    while time.monotonic() < deadline and os.getppid() == parent_pid:
+        time.sleep(0.2)
+    os._exit(0)
+
+
+def _null_main(port: int, lifetime_s: float, parent_pid: int) -> None:
+    import uvloop
+
+    threading.Thread(target=_watch_parent, args=(parent_pid, lifetime_s), daemon=True).start()
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_NullProtocol, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+
+
+@contextmanager
+def serve_null(*, lifetime_s: float = 120.0) -> Iterator[str]:
+    """A null HTTP server in a subprocess on 127.0.0.1 (answers 200 ``{}`` at once); yields its URL.
+
+    It exits when the ``with`` block ends, after ``lifetime_s`` seconds, or when this process dies.
+
+    Raises
+    ------
+    RuntimeError
+        If it does not accept connections within 20 s.
+    """
+    import socket
+    import subprocess
+
+    from course_lib.core.waiting import wait_until
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = f"from course_lib.measure.generators import _null_main; _null_main({port}, {lifetime_s!r}, {os.getpid()})"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+    def accepting() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"null server exited with code {proc.returncode}")
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(accepting, timeout_s=20.0, interval_s=0.05, what="the null server to accept connections")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def generator_limit(
+    pool: GeneratorPool,
+    null_url: str,
+    rates_rps: Iterable[float],
+    *,
+    duration_s: float = 1.0,
+    lag_bound_ms: float = SEND_LAG_BOUND_MS,
+    retries: int = 1,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[float, pd.DataFrame]:
+    """Climb ``rates_rps`` against the null server until the generator's send-lag p99 exceeds the bound.
+
+    A rate that misses is tried again (``retries`` times, next seed): one descheduling of a process on
+    a busy laptop should not end the climb, but a rate that misses every try does.
+
+    Returns
+    -------
+    (limit_rps, table)
+        ``limit_rps``: the highest offered rate with a try whose send-lag p99 was within
+        ``lag_bound_ms`` and whose every request succeeded, every lower rate having had one too (0.0 if
+        none). ``table``: one ``LoadResult.summary()`` row per try (``attempt`` 1, 2, ...), stopping at
+        the first rate whose every try missed.
+
+    Raises
+    ------
+    ValueError
+        For a negative ``retries``.
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+    rows = []
+    limit = 0.0
+    for rate in sorted(float(r) for r in rates_rps):
+        for attempt in range(1, retries + 2):
+            seed = int(rate) + 7919 * (attempt - 1)
+            result = pool.run(null_url, [{}], rate_rps=rate, duration_s=duration_s, seed=seed)
+            row = {"attempt": attempt, **result.summary(lag_bound_ms=lag_bound_ms)}
+            rows.append(row)
+            if on_run is not None:
+                on_run(row)
+            if row["generator_ok"] and row["errors"] == 0:
+                limit = rate
+                break
+        else:
+            break
+    return limit, pd.DataFrame(rows)

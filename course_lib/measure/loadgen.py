@@ -1,0 +1,286 @@
+"""An open-loop Poisson load generator, bounded in request count and in time.
+
+Open loop means requests are sent on a fixed schedule (Poisson arrivals at the offered rate), whether
+or not earlier ones have been answered, as independent users do. A closed-loop client (send, wait,
+send) slows down when the server slows down and so hides queueing; an open-loop one exposes it.
+Latency is measured from each request's *scheduled* send time, so if the generator itself falls
+behind, that lag counts against the latency instead of silently vanishing ("coordinated omission").
+
+The target is any coroutine function ``send(i)``: an HTTP POST or an in-process call such as
+``DynamicBatcher.submit`` (ready-made ones in ``course_lib.measure.targets``). Ladders of rates built
+on this generator live in ``course_lib.measure.rate_sweep``.
+
+References
+----------
+Schroeder, Wierman and Harchol-Balter (2006), "Open versus closed: a cautionary tale", NSDI.
+Gil Tene, "How NOT to measure latency" (coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from course_lib.core.checks import positive_number
+from course_lib.core.percentiles import percentiles
+from course_lib.simulate.traffic import poisson_arrivals_ms
+
+__all__ = [
+    "OUTCOMES",
+    "SEND_LAG_BOUND_MS",
+    "SERVED_FIELDS",
+    "SPIN_WINDOW_S",
+    "HttpStatusError",
+    "LoadResult",
+    "Send",
+    "outcome_of",
+    "run_open_loop",
+]
+
+Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
+#: What the batcher (and the batching server) report about how each request was served.
+SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
+#: How every request ends: answered (2xx), shed by the server (429/503), timed out, or another error.
+OUTCOMES: tuple[str, ...] = ("ok", "shed", "timeout", "error")
+#: Send lag (actual - scheduled send time) p99 above this flags a run as generator-bound (ms).
+SEND_LAG_BOUND_MS = 1.0
+#: Default ``spin_s`` of a generator in its own process (``course_lib.measure.generators``): it sleeps on the
+#: event loop's timer until this long before a send, then yields to the loop (``asyncio.sleep(0)``,
+#: which still handles answers) until the intended instant. Timers alone wake up to a millisecond or
+#: more late (libuv keeps time in whole ms; 1 ms was measured too short), which would spend the whole
+#: ``SEND_LAG_BOUND_MS``; the cost is at most this much CPU per request (s), spent yielding
+#: (``os.sched_yield``) so that a server on the same cores still gets them.
+SPIN_WINDOW_S = 0.002
+
+
+class HttpStatusError(RuntimeError):
+    """A non-2xx answer: ``status`` (429 and 503 count as shed load) and the ``Retry-After`` header, if any."""
+
+    def __init__(self, status: int, body: str = "", *, retry_after: str | None = None):
+        hint = f" (Retry-After: {retry_after})" if retry_after is not None else ""
+        super().__init__(f"HTTP {status}{hint}: {body[:200]}")
+        self.status = int(status)
+        self.retry_after = retry_after
+
+
+def outcome_of(exc: BaseException) -> str:
+    """Which of ``OUTCOMES`` a failed request ends as: ``timeout``, ``shed`` (HTTP 429/503) or ``error``."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, HttpStatusError) and exc.status in (429, 503):
+        return "shed"
+    return "error"
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Everything one open-loop run recorded.
+
+    Attributes
+    ----------
+    requests : DataFrame, one row per request sent
+        ``request_id``, ``scheduled_ms`` (since the run started), ``lag_ms`` (actual send - scheduled),
+        ``latency_ms`` (answer - scheduled; NaN if no answer came), ``ok``, ``outcome`` (one of
+        ``OUTCOMES``), ``error`` (empty when ok), plus one column per field the target returned
+        (e.g. ``queue_wait_ms``, ``batch_size``). A shed request (429/503) keeps its ``latency_ms``:
+        the time it took to be refused.
+    rate_rps : float
+        Offered rate asked for.
+    planned : int
+        Requests the schedule held; ``len(requests)`` is smaller if ``max_duration_s`` cut it short.
+    wall_s : float
+        From start to the last answer (or give-up), seconds.
+    """
+
+    requests: pd.DataFrame
+    rate_rps: float
+    planned: int
+    wall_s: float
+
+    def summary(self, *, lag_bound_ms: float = SEND_LAG_BOUND_MS) -> dict[str, float]:
+        """Offered and achieved rates, outcome counts and latency percentiles of the successful requests.
+
+        ``offered_rps`` = (sent - 1) / (last - first scheduled send time); ``achieved_rps`` =
+        (successful answers - 1) / (last - first answer time), the same kind of rate measured at the
+        other end, so the two agree when the target keeps up, however short the run. Counts obey
+        ``sent = ok + shed + timeouts + other_errors`` (``errors`` = all but ok). ``lag_p99_ms`` is the
+        p99 of the generator's send lag and ``generator_ok`` says whether it stayed within
+        ``lag_bound_ms``: when it did not, the latencies measure the generator, not the service.
+
+        Raises
+        ------
+        ValueError
+            If nothing was sent, or a request's row is missing (count in != count out).
+        """
+        req = self.requests
+        sent = len(req)
+        if sent == 0:
+            raise ValueError("no request was sent (max_duration_s shorter than the first gap?)")
+        ok = req[req["ok"]]
+        if len(ok):
+            done_ms = (ok["scheduled_ms"] + ok["latency_ms"]).to_numpy()
+            span_ms = float(done_ms.max() - done_ms.min())
+            achieved = 1000.0 * (len(ok) - 1) / span_ms if span_ms > 0 else math.nan
+            lat = percentiles(ok["latency_ms"].to_numpy(), (50, 95, 99))
+        else:
+            achieved = 0.0
+            lat = {"p50": math.nan, "p95": math.nan, "p99": math.nan}
+        sched = req["scheduled_ms"].to_numpy()
+        offered = (
+            float(1000.0 * (sent - 1) / (sched[-1] - sched[0]))
+            if sent > 1 and sched[-1] > sched[0]
+            else math.nan
+        )
+        outcome = req["outcome"] if "outcome" in req.columns else req["ok"].map({True: "ok", False: "error"})
+        counts = outcome.value_counts()
+        n = {name: int(counts.get(name, 0)) for name in OUTCOMES}
+        if sum(n.values()) != sent or sorted(req["request_id"]) != list(range(sent)):
+            raise ValueError(f"count in != count out: {sent} rows, outcomes {n}")
+        lag_p99 = percentiles(req["lag_ms"].to_numpy(), (99,))["p99"]
+        row: dict[str, float] = {
+            "rate_rps": self.rate_rps,
+            "offered_rps": offered,
+            "achieved_rps": achieved,
+            "sent": sent,
+            "ok": len(ok),
+            "errors": sent - len(ok),
+            "shed": n["shed"],
+            "timeouts": n["timeout"],
+            "other_errors": n["error"],
+            "p50_ms": lat["p50"],
+            "p95_ms": lat["p95"],
+            "p99_ms": lat["p99"],
+            "max_lag_ms": float(req["lag_ms"].max()),
+            "lag_p99_ms": lag_p99,
+            "generator_ok": bool(lag_p99 <= lag_bound_ms),
+        }
+        if "batch_size" in req.columns and len(ok):
+            row["mean_batch_size"] = float(ok["batch_size"].mean())
+        if "queue_wait_ms" in req.columns and len(ok):
+            row["p99_queue_wait_ms"] = percentiles(ok["queue_wait_ms"].to_numpy(), (99,))["p99"]
+        return row
+
+
+async def run_open_loop(
+    send: Send,
+    *,
+    rate_rps: float,
+    n_requests: int,
+    max_duration_s: float,
+    seed: int = 0,
+    request_timeout_s: float = 5.0,
+    schedule_ms: Sequence[float] | np.ndarray | None = None,
+    spin_s: float = 0.0,
+) -> LoadResult:
+    """Send up to ``n_requests`` requests at Poisson times for at most ``max_duration_s`` seconds.
+
+    Parameters
+    ----------
+    send : coroutine function i -> mapping or None
+        Sends request ``i`` and returns fields to record (e.g. ``{"queue_wait_ms": 0.8,
+        "batch_size": 12}``); raising marks the request as an error (type and message recorded).
+    rate_rps : float > 0
+        Offered load, requests per second.
+    n_requests : int >= 1
+        Upper bound on requests sent.
+    max_duration_s : float > 0
+        No request is scheduled later than this many seconds after the start.
+    seed : int
+        Seed of the arrival schedule (same seed, same schedule).
+    request_timeout_s : float > 0
+        A request not answered within this many seconds of its send is cancelled and recorded as
+        an error, so the whole run ends within about ``max_duration_s + request_timeout_s``.
+    schedule_ms : 1-D array of float, optional
+        Intended send times in ms (non-decreasing, e.g. a spike from ``course_lib.measure.knee.spike_schedule``)
+        instead of Poisson times at ``rate_rps``; ``rate_rps`` is then only the label of the run.
+    spin_s : float >= 0
+        Sleep on the loop's timer until ``spin_s`` before each send, then yield to the loop until the
+        exact instant (``SPIN_WINDOW_S`` is the generator processes' choice). 0, the default, relies on
+        the timer alone (sends up to about a millisecond late), which is what an in-process run wants:
+        a spinning loop holds the GIL that the code under test, in the same interpreter, needs.
+
+    Returns
+    -------
+    LoadResult
+
+    Raises
+    ------
+    ValueError
+        For a rate, duration or timeout that is not a finite number > 0, ``n_requests`` < 1, a
+        negative ``spin_s``, or a schedule that is empty, not finite or decreasing.
+    """
+    rate = positive_number("rate_rps", rate_rps)
+    duration = positive_number("max_duration_s", max_duration_s)
+    timeout = positive_number("request_timeout_s", request_timeout_s)
+    if isinstance(spin_s, bool) or not isinstance(spin_s, (int, float)) or not 0 <= spin_s < 1:
+        raise ValueError(f"spin_s must be a number of seconds in [0, 1), got {spin_s!r}")
+    if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 1:
+        raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
+    if schedule_ms is None:
+        schedule_s = poisson_arrivals_ms(rate, int(n_requests), seed) / 1000.0
+    else:
+        schedule_s = np.asarray(schedule_ms, dtype=float)[: int(n_requests)] / 1000.0
+        if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
+            raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
+        if (np.diff(schedule_s) < 0).any():
+            raise ValueError("schedule_ms must be non-decreasing (intended send times in order)")
+    schedule_s = schedule_s - schedule_s[0]  # first request at t = 0
+    schedule_s = schedule_s[schedule_s <= duration]
+    rows: list[dict[str, Any] | None] = [None] * len(schedule_s)
+    clock = time.perf_counter
+    start = clock()
+
+    async def one(i: int, scheduled: float) -> None:
+        sent = clock()
+        row: dict[str, Any] = {"request_id": i, "scheduled_ms": 1000.0 * (scheduled - start)}
+        row["lag_ms"] = 1000.0 * (sent - scheduled)
+        try:
+            async with asyncio.timeout(timeout):
+                fields = await send(i)
+        except TimeoutError:
+            row.update(
+                ok=False,
+                outcome="timeout",
+                error=f"TimeoutError: no answer within {timeout:g} s",
+                latency_ms=math.nan,
+            )
+        except Exception as exc:
+            kind = outcome_of(exc)
+            row.update(
+                ok=False,
+                outcome=kind,
+                error=f"{type(exc).__name__}: {str(exc)[:200]}",
+                latency_ms=1000.0 * (clock() - scheduled) if kind == "shed" else math.nan,
+            )
+        else:
+            row.update(ok=True, outcome="ok", error="", latency_ms=1000.0 * (clock() - scheduled))
+            if fields:
+                row.update(fields)
+        rows[i] = row
+
+    tasks = []
+    for i, offset in enumerate(schedule_s.tolist()):
+        due = start + offset
+        wait = due - clock() - spin_s
+        if wait > 0:  # the event loop's timers are coarse (whole milliseconds in uvloop/libuv) ...
+            await asyncio.sleep(wait)
+        while clock() < due:  # ... so the last stretch yields to the loop until the instant (never early)
+            if spin_s:
+                os.sched_yield()  # and to other processes: a busy 2-core machine has the server to run
+            await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(one(i, due)))
+    if tasks:
+        await asyncio.gather(*tasks)
+    missing = [i for i, r in enumerate(rows) if r is None]
+    if missing:  # every request sent has a row: an answer, a shed, a timeout or an error
+        raise RuntimeError(f"{len(missing)} requests have no outcome (first: {missing[:5]})")
+    frame = pd.DataFrame(rows)
+    return LoadResult(requests=frame, rate_rps=rate, planned=int(n_requests), wall_s=clock() - start)

@@ -1,0 +1,167 @@
+"""Ready-made targets for the open-loop generator: in-process coroutines, httpx, aiohttp, a fresh batcher.
+
+``course_lib.measure.loadgen.run_open_loop`` sends request ``i`` by awaiting ``send(i)``; these build such a
+``send`` from what is under test. The ``*_target`` functions that return a factory (a zero-argument
+async context manager yielding ``send``) give every run of a ladder (``course_lib.measure.rate_sweep``) a fresh
+client or batcher, so runs do not share a backlog.
+
+References
+----------
+httpx documentation ("Async support", ``Limits``); aiohttp client documentation ("Connectors",
+``TCPConnector(limit=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from course_lib.measure.loadgen import SERVED_FIELDS, HttpStatusError, Send
+
+__all__ = [
+    "aiohttp_target",
+    "batcher_target",
+    "coroutine_target",
+    "http_client_target",
+    "http_target",
+]
+
+
+def coroutine_target(
+    submit: Callable[[Any], Awaitable[Any]], items: Sequence[Any], *, fields: Iterable[str] = ()
+) -> Send:
+    """Wrap an in-process coroutine (e.g. ``DynamicBatcher.submit``) as a load-generator target.
+
+    Request ``i`` submits ``items[i % len(items)]``; the named fields of the result (attributes, or
+    keys if it is a mapping; e.g. ``queue_wait_ms``, ``batch_size``) are recorded.
+
+    Raises
+    ------
+    ValueError
+        If ``items`` is empty.
+    """
+    if len(items) == 0:
+        raise ValueError("items must hold at least one request payload")
+    names = tuple(fields)
+
+    async def send(i: int) -> dict[str, Any]:
+        result = await submit(items[i % len(items)])
+        if isinstance(result, Mapping):
+            return {name: result.get(name) for name in names}
+        return {name: getattr(result, name) for name in names}
+
+    return send
+
+
+def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Iterable[str] = ()) -> Send:
+    """POST ``payloads[i % len(payloads)]`` as JSON to ``url`` with an ``httpx.AsyncClient``.
+
+    A non-2xx answer raises ``HttpStatusError`` (a ``RuntimeError``) naming the status and the start
+    of the body, so it is recorded as an error (or as shed, for 429/503) with its reason. The named fields of the JSON answer are recorded.
+
+    Raises
+    ------
+    ValueError
+        If ``payloads`` is empty.
+    """
+    names = tuple(fields)
+
+    async def post(payload: Any) -> Mapping[str, Any]:
+        response = await client.post(url, json=payload)
+        if response.status_code >= 300:
+            raise HttpStatusError(
+                response.status_code, response.text, retry_after=response.headers.get("retry-after")
+            )
+        return response.json() if names else {}
+
+    return coroutine_target(post, payloads, fields=names)
+
+
+def batcher_target(
+    score_batch: Callable[[list[Any]], Sequence[Any]],
+    items: Sequence[Any],
+    *,
+    fields: Iterable[str] = SERVED_FIELDS,
+    **batcher_kwargs: Any,
+) -> Callable[[], AbstractAsyncContextManager[Send]]:
+    """Factory for ``sweep_rates``: a fresh ``DynamicBatcher`` per run, in process (no HTTP).
+
+    Parameters
+    ----------
+    score_batch : the batch score function.
+    items : request payloads, sent round-robin.
+    fields : attributes of ``BatchedResult`` to record.
+    **batcher_kwargs : knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (``max_batch_size``, ...).
+    """
+    from course_lib.serving.batching.batcher import DynamicBatcher
+
+    DynamicBatcher(score_batch, **batcher_kwargs)  # validate the knobs now, not mid-sweep
+    names = tuple(fields)
+
+    @asynccontextmanager
+    async def factory():
+        async with DynamicBatcher(score_batch, **batcher_kwargs) as batcher:
+            yield coroutine_target(batcher.submit, items, fields=names)
+
+    return factory
+
+
+def http_client_target(
+    url: str, payloads: Sequence[Any], *, fields: Iterable[str] = SERVED_FIELDS, max_connections: int = 256
+) -> Callable[[], AbstractAsyncContextManager[Send]]:
+    """Factory for ``sweep_rates``: a fresh ``httpx.AsyncClient`` per run, POSTing JSON to ``url``."""
+    import httpx
+
+    names = tuple(fields)
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+    @asynccontextmanager
+    async def factory():
+        async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+            yield http_target(client, url, payloads, fields=names)
+
+    return factory
+
+
+def aiohttp_target(
+    url: str, payloads: Sequence[Any], *, fields: Iterable[str] = (), max_connections: int = 512
+):
+    """Factory (async context manager) yielding ``send(i)``: POST ``payloads[i % n]`` as JSON with aiohttp.
+
+    A non-2xx answer raises ``course_lib.measure.loadgen.HttpStatusError`` (429/503 count as shed). The named
+    fields of the JSON answer are recorded. Same contract as ``http_client_target``.
+
+    Raises
+    ------
+    ValueError
+        If ``payloads`` is empty or ``max_connections`` < 1.
+    """
+    import aiohttp
+
+    if len(payloads) == 0:
+        raise ValueError("payloads must hold at least one request body")
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be >= 1, got {max_connections!r}")
+    names = tuple(fields)
+
+    @asynccontextmanager
+    async def factory():
+        connector = aiohttp.TCPConnector(limit=max_connections, force_close=False)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+        ) as session:
+
+            async def post(payload: Any) -> Mapping[str, Any]:
+                async with session.post(url, json=payload) as response:
+                    text = await response.text()
+                    if response.status >= 300:
+                        raise HttpStatusError(
+                            response.status, text, retry_after=response.headers.get("Retry-After")
+                        )
+                    return json.loads(text) if names else {}
+
+            yield coroutine_target(post, payloads, fields=names)
+
+    return factory

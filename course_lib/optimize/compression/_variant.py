@@ -1,0 +1,181 @@
+"""Post-training compression of ONNX models: write an FP16 or INT8 variant of an FP32 file, or refuse.
+
+:func:`make_variant` is the one entry point; the pieces live in their own modules and are re-exported
+here, so ``from course_lib.optimize.compression._variant import ...`` keeps working:
+
+* :mod:`course_lib.optimize.compression._size`: the size arithmetic (parameters x bytes per parameter), also for files;
+* :mod:`course_lib.optimize.compression._quantizability`: what ONNX Runtime's INT8 quantizer can rewrite (a tree ensemble's
+  numbers live in node attributes: nothing to quantize, so ``make_variant`` refuses with a report);
+* :mod:`course_lib.optimize.compression._fp16`: an FP16 conversion that ONNX Runtime can load (the upstream converter's
+  Cast and shared-weight bugs repaired);
+* :mod:`course_lib.optimize.compression._int8`: dynamic and static (QDQ) INT8, calibration, activation ranges.
+
+References
+----------
+ONNX Runtime documentation, "Quantize ONNX models". Kirana Kart module 19, "Quantisation".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from course_lib.optimize.compression._fp16 import convert_to_fp16
+from course_lib.optimize.compression._int8 import (
+    CALIBRATION_METHODS,
+    FeedsCalibrationReader,
+    activation_ranges,
+)
+from course_lib.optimize.compression._quantizability import (
+    NotQuantizableError,
+    QuantizabilityReport,
+    graph_changes,
+    quantizability_report,
+)
+from course_lib.optimize.compression._size import BYTES_PER_PARAMETER, expected_size_bytes, size_table
+
+__all__ = [
+    "BYTES_PER_PARAMETER",
+    "CALIBRATION_METHODS",
+    "VARIANT_MODES",
+    "FeedsCalibrationReader",
+    "NotQuantizableError",
+    "QuantizabilityReport",
+    "activation_ranges",
+    "convert_to_fp16",
+    "expected_size_bytes",
+    "graph_changes",
+    "make_variant",
+    "quantizability_report",
+    "size_table",
+]
+
+#: Variant modes ``make_variant`` can produce from an FP32 ONNX file.
+VARIANT_MODES: tuple[str, ...] = ("fp16", "int8-dynamic", "int8-static")
+
+
+def _check_paths(src: str | Path, dst: str | Path) -> tuple[Path, Path]:
+    if not isinstance(src, (str, Path)) or not isinstance(dst, (str, Path)):
+        raise TypeError(f"src and dst must be paths, got {type(src).__name__} and {type(dst).__name__}")
+    src_p, dst_p = Path(src), Path(dst)
+    if not src_p.is_file():
+        raise FileNotFoundError(f"src: FP32 ONNX file not found: {src_p}")
+    if dst_p.suffix != ".onnx":
+        raise ValueError(f"dst must end in .onnx, got {dst_p.name!r}")
+    if not dst_p.parent.is_dir():
+        raise FileNotFoundError(f"dst folder does not exist: {dst_p.parent} (create it first)")
+    if dst_p.resolve() == src_p.resolve():
+        raise ValueError(f"dst must differ from src; both are {src_p}")
+    return src_p, dst_p
+
+
+def make_variant(
+    src: str | Path,
+    dst: str | Path,
+    mode: str,
+    *,
+    calibration_feeds: Mapping[str, np.ndarray] | None = None,
+    calibration_method: str = "minmax",
+    calibration_batch_size: int = 1,
+    op_types_to_quantize: tuple[str, ...] | None = ("MatMul",),
+    per_channel: bool = False,
+) -> Path:
+    """Write an FP16 or INT8 variant of the FP32 ONNX model at ``src`` to ``dst``.
+
+    Parameters
+    ----------
+    src : path of the FP32 ``.onnx`` file.
+    dst : path of the variant to write (``.onnx``, in an existing folder, different from ``src``).
+    mode : {"fp16", "int8-dynamic", "int8-static"}
+        ``fp16``: ``convert_to_fp16`` with FP32 inputs and outputs kept. ``int8-dynamic``: weights
+        stored as INT8, activation ranges computed on every call. ``int8-static``: weights and
+        activation ranges fixed in advance from ``calibration_feeds``, written in QDQ format
+        (QuantizeLinear/DequantizeLinear pairs that ONNX Runtime fuses into integer kernels).
+    calibration_feeds : dict of input name -> array, required for ``int8-static`` only
+        A held-out calibration set (never the evaluation set), e.g. ``scorer.feeds(split.valid)``.
+    calibration_method : {"minmax", "entropy", "percentile"}
+        How the static quantizer picks each activation's range: the observed min/max, the range that
+        minimises the KL divergence of the quantized histogram, or the 99.999th percentile.
+    calibration_batch_size : int
+        Rows per calibration batch (see ``FeedsCalibrationReader``).
+    op_types_to_quantize : tuple of str, or None
+        Ops whose inputs are quantized; the default quantizes only the MatMul layers of a network,
+        leaving preprocessing (one-hot columns, raw charges in dollars) in FP32. ``None`` lets ONNX
+        Runtime quantize every op type it supports, preprocessing included (the lesson shows what
+        that does to a tensor that mixes 0/1 flags with dollar amounts).
+    per_channel : bool
+        One scale per output channel of each weight matrix instead of one per tensor.
+
+    Returns
+    -------
+    pathlib.Path
+        ``dst``.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``src`` missing, or ``dst``'s folder missing.
+    ValueError
+        Unknown ``mode`` or ``calibration_method``; ``dst`` not ``.onnx`` or equal to ``src``;
+        calibration feeds missing for ``int8-static`` or given for another mode.
+    NotQuantizableError
+        For an INT8 mode when the graph has no weights ONNX Runtime can quantize (e.g. a tree
+        ensemble): the error's ``report`` says where the model's numbers live.
+    """
+    if mode not in VARIANT_MODES:
+        raise ValueError(f"mode must be one of {list(VARIANT_MODES)}, got {mode!r}")
+    if calibration_method not in CALIBRATION_METHODS:
+        raise ValueError(
+            f"calibration_method must be one of {list(CALIBRATION_METHODS)}, got {calibration_method!r}"
+        )
+    if mode == "int8-static" and calibration_feeds is None:
+        raise ValueError("mode 'int8-static' needs calibration_feeds (a held-out calibration set)")
+    if mode != "int8-static" and calibration_feeds is not None:
+        raise ValueError(f"calibration_feeds are only used by mode 'int8-static', not {mode!r}")
+    src_p, dst_p = _check_paths(src, dst)
+    fp32 = onnx.load(str(src_p))
+    if mode == "fp16":
+        onnx.save(convert_to_fp16(fp32), str(dst_p))
+        return dst_p
+    report = quantizability_report(fp32)
+    if not report.quantizable:
+        raise NotQuantizableError(report)
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    ops = None if op_types_to_quantize is None else list(op_types_to_quantize)
+    if mode == "int8-dynamic":
+        quantize_dynamic(
+            str(src_p),
+            str(dst_p),
+            op_types_to_quantize=ops,
+            per_channel=per_channel,
+            weight_type=QuantType.QInt8,
+        )
+        return dst_p
+    reader = FeedsCalibrationReader(calibration_feeds, batch_size=calibration_batch_size)
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[calibration_method]
+    quantize_static(
+        str(src_p),
+        str(dst_p),
+        reader,
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=ops,
+        per_channel=per_channel,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=method,
+    )
+    return dst_p

@@ -1,0 +1,8 @@
+"""Layer 2, what answers a request: the churn service and its stages, stage profiling, the feature store,
+the server runtime, online (dynamic) batching, the prediction cache, replicas, hedging, fallbacks and
+the capstone's slow baseline.
+
+Imports only from :mod:`course_lib.core` and :mod:`course_lib.churn`.
+"""
+
+__all__ = ["batching", "cache", "fallback", "feature_store", "hedging", "profiling", "replica", "server", "service", "slow_baseline"]

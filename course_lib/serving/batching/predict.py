@@ -1,0 +1,389 @@
+"""Dynamic batching in the Lesson 2 churn server: ``POST /predict`` through a ``DynamicBatcher``.
+
+``create_batched_app`` takes the Lesson 2 app (``course_lib.serving.service.create_app``: ``POST /score`` one
+model call per request, ``GET /healthz``) and adds ``POST /predict``. Its request body is the same
+(``{"customer_id": "SC-0000042"}``) and it runs the same stages (parse, feature lookup, forward,
+format, each timed into ``Server-Timing``), except that the forward stage submits the customer's
+features to a dynamic batcher, which scores many concurrent requests in one model call. The answer
+is the Lesson 2 answer plus how the request was served: ``queue_wait_ms``, ``service_ms`` (the
+model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplicated`` and ``trigger``.
+A full queue answers 503 with ``Retry-After``; the server keeps serving.
+
+``run_server`` (one) and ``run_servers`` (several, started together) run such servers in
+subprocesses on 127.0.0.1 (``course_lib.serving.server._runners.run_processes``: bounded lifetime, read timeouts, a
+connection limit, exit with the parent), so a load generator in the calling process does not share
+their GIL; ``python -m course_lib.serving.batching.predict`` does the same from a shell. Every default lives in
+``course_lib.serving.server._config.DEFAULTS``.
+
+A client that disconnects while its request waits in the batcher's queue cancels it: its queue slot
+is freed at once and it never reaches the model (``stats.cancelled_by_caller``).
+
+References
+----------
+NVIDIA Triton Inference Server documentation, "Dynamic Batcher". FastAPI documentation, "Lifespan
+Events". Source lesson 004 ("Serving Models at Scale"): a FastAPI batching server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from course_lib.churn.data import FEATURE_COLUMNS
+from course_lib.serving.batching.batcher import (
+    BatchedResult,
+    BatcherClosedError,
+    BatchScoringError,
+    DynamicBatcher,
+    QueueFullError,
+)
+from course_lib.serving.feature_store import (
+    DEFAULT_N_CUSTOMERS,
+    DEFAULT_SEED,
+    FeatureStore,
+    build_feature_store,
+    make_lookup,
+)
+from course_lib.serving.server import (
+    DEFAULTS,
+    ServerURLs,
+    add_arguments,
+    from_arguments,
+    run_processes,
+    serve_app,
+    split_config,
+    to_argv,
+)
+from course_lib.serving.service import (
+    ChurnService,
+    RequestError,
+    create_app,
+    native_forward,
+    onnx_forward,
+    refuse,
+)
+
+__all__ = [
+    "RUNTIMES",
+    "churn_service",
+    "create_batched_app",
+    "customer_key",
+    "run_server",
+    "run_servers",
+]
+
+#: The two model runtimes: the native scikit-learn + XGBoost pipeline, and ONNX Runtime.
+RUNTIMES: tuple[str, ...] = ("xgboost", "onnxruntime")
+Runtime = Literal["xgboost", "onnxruntime"]
+_log = logging.getLogger("course_lib.serving.batching.predict")
+
+
+def customer_key(record: Mapping[str, Any]) -> Hashable:
+    """De-duplication key: the 19 feature values in column order (equal keys share one model row)."""
+    return tuple(record[name] for name in FEATURE_COLUMNS)
+
+
+def churn_service(
+    runtime: Runtime = "xgboost",
+    *,
+    lookup_mode: str = "cached",
+    n_customers: int = DEFAULT_N_CUSTOMERS,
+    seed: int = DEFAULT_SEED,
+    store_folder: str | Path | None = None,
+    churn_model: Any = None,
+    onnx_scorer: Any = None,
+) -> ChurnService:
+    """The Lesson 2 ``ChurnService`` for one runtime, over the (built-or-reused) feature store.
+
+    Parameters
+    ----------
+    runtime : {"xgboost", "onnxruntime"}
+        Model-forward stage: ``course_lib.serving.service.native_forward`` or ``onnx_forward``.
+    lookup_mode : {"indexed", "unindexed", "cached"}
+        Feature lookup (``course_lib.serving.feature_store._lookup.make_lookup``).
+    n_customers, seed, store_folder
+        Population of the feature store (``FeatureStore.open``; built on first use).
+    churn_model : course_lib.churn.model.ChurnModel, optional
+        Default ``load_or_train_churn_model()``.
+    onnx_scorer : OnnxChurnScorer, optional
+        Reused for ``onnxruntime`` if given (it must have been exported from ``churn_model``: its
+        ``model_version`` metadata must match), else built from ``churn_model``.
+
+    Returns
+    -------
+    ChurnService
+        Its answers carry the ``model_version`` of the model that actually scores them.
+
+    Raises
+    ------
+    ValueError
+        Unknown runtime or lookup mode.
+    course_lib.churn.export._onnx.ModelMismatchError
+        If ``onnx_scorer`` was exported from another model than ``churn_model`` (or has no version).
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    if churn_model is None:
+        from course_lib.churn.model import load_or_train_churn_model
+
+        churn_model = load_or_train_churn_model()
+    version = str(churn_model.model_version)
+    if runtime == "xgboost":
+        forward = native_forward(churn_model.pipeline)
+    else:
+        if onnx_scorer is None:
+            from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+
+            onnx_scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
+        onnx_scorer.check_model_version(version)
+        forward = onnx_forward(onnx_scorer)
+    store = FeatureStore.open(n_customers, seed, folder=store_folder)
+    return ChurnService(
+        make_lookup(store, lookup_mode),
+        forward,
+        model_version=version,
+        lookup_mode=lookup_mode,
+        runtime=runtime,
+    )
+
+
+def create_batched_app(
+    service: ChurnService,
+    *,
+    max_batch_size: int = DEFAULTS.max_batch_size,
+    max_queue_delay_ms: float = DEFAULTS.max_queue_delay_ms,
+    preferred_batch_sizes: Sequence[int] = DEFAULTS.preferred_batch_sizes,
+    max_queue_size: int = DEFAULTS.max_queue_size,
+    dedup: bool = DEFAULTS.dedup,
+    instances: int = DEFAULTS.instances,
+    run_in_thread: bool = DEFAULTS.run_in_thread,
+    body_timeout_s: float = DEFAULTS.body_timeout_s,
+) -> FastAPI:
+    """The Lesson 2 app plus ``POST /predict``, whose model-forward stage goes through a dynamic batcher.
+
+    Parameters
+    ----------
+    service : course_lib.serving.service.ChurnService
+        Its ``forward`` (records -> probabilities) is the batcher's batch score function.
+    max_batch_size, max_queue_delay_ms, preferred_batch_sizes, max_queue_size, instances, run_in_thread
+        Knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (defaults: ``course_lib.serving.server._config.DEFAULTS``).
+        ``max_batch_size=1`` turns batching off: one model call per request, through the same queue.
+    dedup : bool
+        Score identical customers waiting in the queue together once.
+    body_timeout_s : float
+        Longest wait for a request body (408 after it).
+
+    Returns
+    -------
+    FastAPI app with the Lesson 2 routes (``POST /score``, ``GET /healthz``, ``GET /stats``) and
+    ``POST /predict``: 200 with the Lesson 2 answer plus ``queue_wait_ms``, ``service_ms``,
+    ``batch_size``, ``batch_requests``, ``deduplicated``, ``trigger``; the Lesson 2 4xx for a bad
+    body, unknown customer or features outside the schema (400, 404, 408, 413, 415, 422); 503 +
+    ``Retry-After: 1`` when the queue is full or the server is stopping; 500 with a short reason if
+    the model call failed (the error itself goes to the server log). A client that disconnects
+    cancels its request (freed from the queue, counted in ``stats.cancelled_by_caller`` and in
+    ``GET /stats``'s ``client_disconnects``). ``GET /batcher`` reports the knobs and the counters.
+
+    Raises
+    ------
+    ValueError
+        A batcher knob out of range (raised here, before serving starts).
+    """
+    batcher: DynamicBatcher = DynamicBatcher(
+        service.forward,
+        max_batch_size=max_batch_size,
+        max_queue_delay_ms=max_queue_delay_ms,
+        preferred_batch_sizes=preferred_batch_sizes,
+        max_queue_size=max_queue_size,
+        dedup_key=customer_key if dedup else None,
+        instances=instances,
+        run_in_thread=run_in_thread,
+    )
+    knobs = {
+        "max_batch_size": batcher.max_batch_size,
+        "max_queue_delay_ms": batcher.max_queue_delay_ms,
+        "preferred_batch_sizes": list(batcher.preferred_batch_sizes),
+        "max_queue_size": batcher.max_queue_size,
+        "dedup": dedup,
+        "instances": batcher.instances,
+        "run_in_thread": batcher.run_in_thread,
+    }
+    app = create_app(service, body_timeout_s=body_timeout_s)
+    app.state.batcher = batcher
+    inner_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: FastAPI):
+        async with inner_lifespan(app_) as state:
+            await batcher.start()
+            try:
+                yield state
+            finally:
+                await batcher.stop(drain=False)
+
+    app.router.lifespan_context = lifespan
+
+    async def predict_body(body: bytes) -> Response:
+        served: list[BatchedResult] = []
+
+        async def batched_forward(records: list[dict[str, object]]) -> list[object]:
+            result = await batcher.submit(records[0])
+            served.append(result)
+            return [result.value]
+
+        try:
+            out = await service.handle_async(body, forward=batched_forward)
+        except QueueFullError:
+            return refuse(
+                RequestError(
+                    503, "queue_full", f"the batcher's queue is full ({batcher.max_queue_size} requests)"
+                ),
+                {"retry-after": "1"},
+            )
+        except BatcherClosedError:
+            return refuse(
+                RequestError(503, "shutting_down", "the server is shutting down"), {"retry-after": "1"}
+            )
+        except BatchScoringError:
+            _log.exception("model call failed")
+            return refuse(RequestError(500, "model_error", "the model call for this request's batch failed"))
+        if out.status_code != 200 or not served:
+            return Response(out.body, status_code=out.status_code, headers=out.headers)
+        result = served[0]
+        answer = json.loads(out.body)
+        answer.update(
+            queue_wait_ms=round(result.queue_wait_ms, 4),
+            service_ms=round(result.service_ms, 4),
+            batch_size=result.batch_size,
+            batch_requests=result.batch_requests,
+            deduplicated=result.deduplicated,
+            trigger=result.trigger,
+        )
+        return Response(json.dumps(answer).encode(), status_code=200, headers=out.headers)
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        return await app.state.handle(request, run=predict_body)
+
+    @app.get("/batcher")
+    async def batcher_state() -> dict[str, Any]:
+        return {**knobs, "queue_len": batcher.queue_len, "stats": batcher.stats.as_dict()}
+
+    return app
+
+
+def _server_command(
+    runtime: Runtime = "xgboost",
+    *,
+    lookup_mode: str = "cached",
+    n_customers: int = DEFAULT_N_CUSTOMERS,
+    seed: int = DEFAULT_SEED,
+    store_folder: str | Path | None = None,
+    **config: Any,
+) -> list[str]:
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    server_config, unknown = split_config(config)
+    if unknown:
+        raise TypeError(f"unknown server options {sorted(unknown)}")
+    store = build_feature_store(n_customers, seed, folder=store_folder)  # once, here, not in every server
+    return [
+        sys.executable,
+        "-m",
+        "course_lib.serving.batching.predict",
+        f"--runtime={runtime}",
+        f"--lookup={lookup_mode}",
+        f"--n-customers={n_customers}",
+        f"--seed={seed}",
+        f"--store-folder={store.path.parent}",
+        *to_argv(server_config),
+    ]
+
+
+@contextlib.contextmanager
+def run_servers(
+    configs: Mapping[Hashable, Mapping[str, Any]], *, startup_timeout_s: float = 90.0
+) -> Iterator[ServerURLs]:
+    """Start several batched churn servers in subprocesses on 127.0.0.1 at once; yield their base URLs.
+
+    Parameters
+    ----------
+    configs : mapping name -> keyword arguments
+        Each server's ``runtime``, ``lookup_mode``, ``n_customers``, ``seed``, ``store_folder`` and any
+        field of ``course_lib.serving.server._config.ServerConfig`` (``max_batch_size``, ``lifetime_s``, ...;
+        unset ones take ``DEFAULTS``). A server exits by itself after ``lifetime_s``, and when this
+        process dies.
+    startup_timeout_s : float
+        How long to wait for every server to answer ``/healthz``.
+
+    Yields
+    ------
+    dict name -> base URL such as ``http://127.0.0.1:8123``. Every server is stopped (SIGTERM, then
+    SIGKILL) when the ``with`` block ends.
+
+    Raises
+    ------
+    RuntimeError
+        If a server exits or does not answer ``/healthz`` in time; the message holds the end of its log.
+    ValueError
+        For an unknown runtime or an out-of-range limit (before anything starts).
+    TypeError
+        For an unknown option.
+    """
+    commands = {name: _server_command(**kwargs) for name, kwargs in configs.items()}
+    with run_processes(commands, startup_timeout_s=startup_timeout_s) as urls:
+        yield urls
+
+
+@contextlib.contextmanager
+def run_server(
+    runtime: Runtime = "xgboost", *, startup_timeout_s: float = 90.0, **kwargs: Any
+) -> Iterator[str]:
+    """Start one batched churn server in a subprocess on 127.0.0.1 and yield its base URL.
+
+    Same as ``run_servers({"server": {"runtime": runtime, **kwargs}})``; see there.
+    """
+    with run_servers({"server": {"runtime": runtime, **kwargs}}, startup_timeout_s=startup_timeout_s) as urls:
+        yield urls["server"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: serve the batched churn app on 127.0.0.1 (``--port``) for a bounded time."""
+    parser = argparse.ArgumentParser(description="Churn scoring with dynamic batching on 127.0.0.1")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="xgboost")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--lookup", default="cached", help="indexed, unindexed or cached")
+    parser.add_argument("--n-customers", type=int, default=DEFAULT_N_CUSTOMERS)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--store-folder", default=None)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    config = from_arguments(args)
+    service = churn_service(
+        args.runtime,
+        lookup_mode=args.lookup,
+        n_customers=args.n_customers,
+        seed=args.seed,
+        store_folder=args.store_folder,
+    )
+    app = create_batched_app(
+        service,
+        **config.batcher_kwargs(),
+        dedup=config.dedup,
+        body_timeout_s=config.body_timeout_s,
+    )
+    serve_app(app, port=args.port, config=config)
+
+
+if __name__ == "__main__":
+    main()

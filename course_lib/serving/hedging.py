@@ -1,0 +1,315 @@
+"""Hedged requests: if the first replica has not answered in time, ask a second one; keep the first answer.
+
+``hedged`` is the mechanism for any coroutine ``call(replica)``; ``HedgingClient`` applies it to the
+churn service's ``POST /score`` over HTTP with ``httpx``. Rules, after Dean and Barroso (2013):
+
+* the primary replica is chosen round-robin; a hedge goes to a *different* replica, never the same;
+* at most one hedge per request, sent only if the primary has not answered after ``hedge_after_s``
+  (``None`` never hedges, 0 sends both at once);
+* the first *successful* answer wins; the other call is cancelled and awaited, so no request is
+  left running that nobody waits for (an httpx request cancelled mid-flight closes its connection,
+  which the server sees as a disconnect);
+* if the caller itself is cancelled (e.g. by a timeout), both calls are cancelled too;
+* every copy sent is counted, so the extra load is a measured number, not a guess.
+
+References
+----------
+Dean, J. and Barroso, L. A. (2013), "The Tail at Scale", Communications of the ACM 56(2): 74-80,
+section "Hedged requests". Python documentation, ``asyncio.wait`` and task cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "HedgeStats",
+    "HedgedResult",
+    "HedgingClient",
+    "fanout_pages",
+    "hedged",
+    "hedging_summary",
+]
+
+R = TypeVar("R")  # a replica (URL, client, ...)
+T = TypeVar("T")  # an answer
+
+
+@dataclass
+class HedgeStats:
+    """Counters of a hedging caller.
+
+    Attributes
+    ----------
+    requests : logical requests made.
+    sent : copies sent to replicas (requests + hedges).
+    hedges : second copies sent.
+    hedge_wins : requests answered by the hedge rather than the primary.
+    cancelled : calls cancelled because the other copy answered first (or the caller gave up).
+    failed_calls : calls that raised (the other copy may still have answered).
+    """
+
+    requests: int = 0
+    sent: int = 0
+    hedges: int = 0
+    hedge_wins: int = 0
+    cancelled: int = 0
+    failed_calls: int = 0
+
+    @property
+    def extra_request_fraction(self) -> float:
+        """hedges / requests: 0.05 means 5 % more requests than without hedging (NaN before any)."""
+        return self.hedges / self.requests if self.requests else math.nan
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.__dict__, "extra_request_fraction": self.extra_request_fraction}
+
+
+@dataclass(frozen=True)
+class HedgedResult(Generic[T]):
+    """The winning answer, which replica gave it, the primary's index, and whether a hedge was sent."""
+
+    value: T
+    replica: int
+    hedged: bool
+    latency_ms: float
+    primary: int
+
+
+async def _cancel_and_wait(tasks: set[asyncio.Task[Any]], stats: HedgeStats) -> None:
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+            stats.cancelled += 1
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def hedged(
+    call: Callable[[R], Awaitable[T]],
+    replicas: Sequence[R],
+    *,
+    hedge_after_s: float | None,
+    primary: int = 0,
+    stats: HedgeStats | None = None,
+) -> HedgedResult[T]:
+    """Call ``replicas[primary]``; after ``hedge_after_s`` without an answer, also call the next replica.
+
+    Parameters
+    ----------
+    call : coroutine function replica -> answer
+        Must be safe to run twice (an idempotent read such as scoring a customer).
+    replicas : sequence of at least 2 distinct replicas
+    hedge_after_s : float >= 0 or None
+        Delay before the hedge; None never hedges.
+    primary : int
+        Index of the first replica; the hedge goes to ``(primary + 1) % len(replicas)``.
+    stats : HedgeStats, optional
+        Counters to update.
+
+    Returns
+    -------
+    HedgedResult
+        The first successful answer. Its ``latency_ms`` is measured from the call to ``hedged``.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 2 replicas, a replica listed twice, a negative delay, or a bad ``primary`` index.
+    Exception
+        The primary's error if every copy sent failed.
+    """
+    if len(replicas) < 2:
+        raise ValueError(f"replicas must hold at least 2 replicas to hedge between, got {len(replicas)}")
+    if len(set(map(repr, replicas))) != len(replicas):
+        raise ValueError(
+            f"replicas must be distinct (a hedge to the same replica shares its stall): {replicas!r}"
+        )
+    if hedge_after_s is not None and not (math.isfinite(hedge_after_s) and hedge_after_s >= 0):
+        raise ValueError(f"hedge_after_s must be a number of seconds >= 0 or None, got {hedge_after_s!r}")
+    if isinstance(primary, bool) or not isinstance(primary, int) or not 0 <= primary < len(replicas):
+        raise ValueError(f"primary must be an index in 0..{len(replicas) - 1}, got {primary!r}")
+    stats = stats if stats is not None else HedgeStats()
+    start = time.perf_counter()
+    stats.requests += 1
+    stats.sent += 1
+    first = asyncio.ensure_future(call(replicas[primary]))
+    owner = {first: primary}
+    pending: set[asyncio.Task[Any]] = {first}
+    errors: list[BaseException] = []
+    hedge_sent = False
+    try:
+        if hedge_after_s is not None:
+            done, pending = await asyncio.wait(pending, timeout=hedge_after_s)
+            if first in done and first.exception() is None:
+                return HedgedResult(
+                    first.result(), primary, False, 1000 * (time.perf_counter() - start), primary
+                )
+            if first in done:  # failed before the hedge delay: the hedge is the only hope left
+                stats.failed_calls += 1
+                errors.append(first.exception())
+            second_index = (primary + 1) % len(replicas)
+            second = asyncio.ensure_future(call(replicas[second_index]))
+            owner[second] = second_index
+            pending.add(second)
+            hedge_sent = True
+            stats.hedges += 1
+            stats.sent += 1
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: owner[t] != primary):  # a tie goes to the primary
+                if task.exception() is None:
+                    if owner[task] != primary:
+                        stats.hedge_wins += 1
+                    latency = 1000 * (time.perf_counter() - start)
+                    return HedgedResult(task.result(), owner[task], hedge_sent, latency, primary)
+                stats.failed_calls += 1
+                errors.append(task.exception())
+        raise errors[0]
+    finally:
+        await _cancel_and_wait(pending, stats)
+
+
+class HedgingClient:
+    """Score customers on several replicas of the churn service with hedged ``POST /score`` calls.
+
+    Parameters
+    ----------
+    replica_urls : sequence of str
+        Base URLs of at least 2 distinct replicas, e.g. ``http://127.0.0.1:8123``.
+    hedge_after_ms : float or None
+        Hedge delay in ms (None: no hedging). Can be changed between runs (attribute).
+    timeout_s : float
+        Per-call timeout of each copy (a hung replica fails its copy instead of hanging the caller).
+    max_connections : int
+        Connection pool size per replica.
+
+    Notes
+    -----
+    Each call sends the header ``x-request-id`` (the caller's id, the same for a request and its
+    hedge), so a replica that injects stalls by request id stalls the same requests in every run.
+    Use as ``async with HedgingClient(...) as client``.
+    """
+
+    def __init__(
+        self,
+        replica_urls: Sequence[str],
+        *,
+        hedge_after_ms: float | None = None,
+        timeout_s: float = 10.0,
+        max_connections: int = 64,
+    ):
+        import httpx
+
+        urls = list(replica_urls)
+        if len(urls) < 2 or len(set(urls)) != len(urls):
+            raise ValueError(f"replica_urls must hold at least 2 distinct URLs, got {urls!r}")
+        self.replica_urls = urls
+        self.hedge_after_ms = hedge_after_ms
+        self.stats = HedgeStats()
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._clients = [httpx.AsyncClient(base_url=u, timeout=timeout_s, limits=limits) for u in urls]
+        self._rotation = itertools.count()
+
+    async def _post(self, index: int, body: bytes, request_id: str) -> dict[str, Any]:
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        response = await self._clients[index].post("/score", content=body, headers=headers)
+        if response.status_code != 200:
+            raise RuntimeError(f"replica {index} answered HTTP {response.status_code}: {response.text[:200]}")
+        return response.json()
+
+    async def score(self, customer_id: str, *, request_id: str) -> HedgedResult[dict[str, Any]]:
+        """Score one customer: primary round-robin, a hedge to the other replica if it is late.
+
+        Raises
+        ------
+        RuntimeError
+            If every copy sent failed (the first failure's reason).
+        """
+        import json
+
+        body = json.dumps({"customer_id": customer_id}).encode()
+        primary = next(self._rotation) % len(self._clients)
+        delay = None if self.hedge_after_ms is None else self.hedge_after_ms / 1000.0
+        return await hedged(
+            lambda index: self._post(index, body, request_id),
+            range(len(self._clients)),
+            hedge_after_s=delay,
+            primary=primary,
+            stats=self.stats,
+        )
+
+    def reset_stats(self) -> HedgeStats:
+        """Return the counters so far and start new ones."""
+        old, self.stats = self.stats, HedgeStats()
+        return old
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+
+    async def __aenter__(self) -> HedgingClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def fanout_pages(
+    client: HedgingClient, customer_ids: Sequence[str], *, k: int, n_pages: int, id_prefix: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Load ``n_pages`` pages one after another, each made of ``k`` parallel ``score`` calls.
+
+    A page is ready when its slowest call answered. Call ``j`` of page ``p`` scores
+    ``customer_ids[(p * k + j) % len]`` with request id ``f"{id_prefix}-{p}-{j}"`` (the same ids in
+    every run, so a replica that stalls by request id stalls the same calls).
+
+    Returns
+    -------
+    (page_ms, call_ms) : ndarrays of shape (n_pages,) and (n_pages, k), in ms.
+
+    Raises
+    ------
+    ValueError
+        If k or n_pages < 1, or ``customer_ids`` is empty.
+    """
+    if k < 1 or n_pages < 1 or not customer_ids:
+        raise ValueError(
+            f"k and n_pages must be >= 1 and customer_ids non-empty, got k={k}, n_pages={n_pages}"
+        )
+    page_ms = np.empty(n_pages)
+    call_ms = np.empty((n_pages, k))
+    for p in range(n_pages):
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(
+                client.score(customer_ids[(p * k + j) % len(customer_ids)], request_id=f"{id_prefix}-{p}-{j}")
+                for j in range(k)
+            )
+        )
+        page_ms[p] = 1000 * (time.perf_counter() - start)
+        call_ms[p] = [r.latency_ms for r in results]
+    return page_ms, call_ms
+
+
+def hedging_summary(requests: pd.DataFrame, stats: HedgeStats) -> dict[str, float]:
+    """p50/p95/p99/p99.9 (ms, nearest rank) of the answered requests, errors and hedge counters."""
+    from course_lib.core.percentiles import percentiles
+
+    ok = requests[requests["ok"]]
+    return {
+        **percentiles(ok["latency_ms"].to_numpy(), (50, 95, 99, 99.9)),
+        "errors": int((~requests["ok"]).sum()),
+        "extra_requests": stats.extra_request_fraction,
+        "hedge_wins": stats.hedge_wins,
+        "copies_cancelled": stats.cancelled,
+    }

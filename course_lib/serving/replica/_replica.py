@@ -1,0 +1,322 @@
+"""A replica of the churn service in its own process: injected stalls, warm-up and a readiness probe.
+
+``python -m course_lib.serving.replica --onnx M.onnx --store S.sqlite --model-version V [options]`` serves
+``course_lib.serving.service.create_app`` with uvicorn on 127.0.0.1 (a free port, printed on stdout as one JSON
+line ``{"port": N}``), wrapped in ``ReplicaMiddleware`` which adds:
+
+* ``GET /readyz``: 503 until the warm-up finished, then 200 (``/healthz`` from the service app is the
+  liveness probe: it answers as soon as the process listens, warm or not);
+* ``GET /stats``: counters (requests, injected stalls, stalls abandoned because the client left);
+* seeded stalls on ``POST /score``: a ``--slow-fraction`` of requests wait ``--slow-ms`` extra. The
+  choice is a hash of ``(seed, x-request-id)``, so the same requests stall in every run; a stalled
+  request whose client disconnects (a hedging client cancelled it) is abandoned and counted;
+* warm-up: ``--warmup-requests`` real requests to itself before ``/readyz`` says ready, then an
+  optional ``gc.freeze()``; ``--lazy-load`` creates the ONNX Runtime session on the first request.
+
+Every replica has a bounded lifetime (``--max-lifetime-s``) and exits when its parent process dies
+(``--parent-pid`` is polled). ``start_replica`` (parent side) starts one and returns a handle.
+The middleware (readiness, counters, seeded stalls) is :mod:`course_lib.serving.replica._middleware`; its
+names are re-exported here.
+
+References
+----------
+Kubernetes documentation, "Configure Liveness, Readiness and Startup Probes".
+Dean, J. and Barroso, L. A. (2013), "The Tail at Scale", CACM 56(2): 74-80.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from course_lib.core._io import REPO_ROOT
+from course_lib.serving.replica._middleware import ReplicaConfig, ReplicaMiddleware, is_slow
+
+__all__ = [
+    "ReplicaConfig",
+    "ReplicaFiles",
+    "ReplicaMiddleware",
+    "ReplicaProcess",
+    "is_slow",
+    "main",
+    "prepare_replica_files",
+    "start_replica",
+]
+
+_NO_STALLS = ReplicaConfig()  # frozen: safe as a default argument
+
+
+def _warm_up(url: str, ids: list[str], middleware: ReplicaMiddleware) -> None:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        for customer in ids:
+            client.post("/score", json={"customer_id": customer}, headers={"x-warmup": "1"})
+            middleware.state.warmup_done += 1
+    if middleware.config.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    middleware.state.ready = True
+
+
+class _OnnxForward:
+    """The model-forward stage; the ONNX Runtime session is created by ``load`` or by the first call."""
+
+    def __init__(self, onnx_path: str):
+        self.onnx_path = onnx_path
+        self._forward: Any = None
+
+    def load(self) -> None:
+        from course_lib.churn.export import OnnxChurnScorer, make_session
+        from course_lib.serving.service import onnx_forward
+
+        if self._forward is None:
+            self._forward = onnx_forward(OnnxChurnScorer(make_session(self.onnx_path)))
+
+    def __call__(self, records: list[dict[str, object]]) -> Any:
+        self.load()  # lazy: the first request pays for the session
+        return self._forward(records)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.serving.replica", description=__doc__.splitlines()[0])
+    parser.add_argument("--onnx", required=True, help="path of the exported churn model (.onnx)")
+    parser.add_argument("--store", required=True, help="path of the feature store (.sqlite)")
+    parser.add_argument("--model-version", required=True)
+    parser.add_argument(
+        "--slow-fraction", type=float, default=0.0, help="fraction of /score requests to stall"
+    )
+    parser.add_argument("--slow-ms", type=float, default=50.0, help="extra ms of a stalled request")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stall choice")
+    parser.add_argument("--warmup-requests", type=int, default=0, help="requests to itself before ready")
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
+    parser.add_argument("--lazy-load", action="store_true", help="create the ONNX session on first use")
+    parser.add_argument("--max-lifetime-s", type=float, default=300.0)
+    parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of a replica process (see the module docstring for the options)."""
+    import socket
+
+    import uvicorn
+
+    from course_lib.serving.feature_store import FeatureStore, make_lookup
+    from course_lib.serving.service import ChurnService, create_app
+
+    args = _parse_args(argv)
+    config = ReplicaConfig(args.slow_fraction, args.slow_ms, args.seed, args.warmup_requests, args.gc_freeze)
+    if not args.max_lifetime_s > 0:
+        raise SystemExit(f"--max-lifetime-s must be > 0, got {args.max_lifetime_s}")
+    store = FeatureStore(args.store)
+    forward = _OnnxForward(args.onnx)
+    if not args.lazy_load:
+        forward.load()  # the session now, before listening (no request run through it)
+    service = ChurnService(
+        make_lookup(store, "indexed"),
+        forward,
+        model_version=args.model_version,
+        lookup_mode="indexed",
+        runtime="onnx",
+    )
+    app = ReplicaMiddleware(create_app(service), config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=2
+        )
+    )
+
+    def stop_later(reason: str) -> None:
+        server.should_exit = True
+        print(f"replica {port}: stopping ({reason})", file=sys.stderr, flush=True)
+        hard = threading.Timer(5.0, lambda: os._exit(0))  # graceful shutdown stuck: leave anyway
+        hard.daemon = True
+        hard.start()
+
+    def watch() -> None:
+        deadline = time.monotonic() + args.max_lifetime_s
+        while not server.should_exit:
+            if time.monotonic() > deadline:
+                return stop_later(f"max lifetime {args.max_lifetime_s:g} s reached")
+            if args.parent_pid and os.getppid() != args.parent_pid:
+                return stop_later(f"parent {args.parent_pid} is gone")
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="replica-watchdog", daemon=True).start()
+
+    def after_start() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.005)
+        if config.warmup_requests and server.started:
+            ids = store.sample_ids(config.warmup_requests, seed=config.seed + 1)
+            _warm_up(f"http://127.0.0.1:{port}", ids, app)
+
+    threading.Thread(target=after_start, name="replica-warmup", daemon=True).start()
+    print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)
+    server.run(sockets=[sock])
+
+
+@dataclass
+class ReplicaProcess:
+    """A replica started by ``start_replica``: its URL, process and log file."""
+
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    started_at: float
+
+    def stats(self) -> dict[str, Any]:
+        """The replica's ``/stats`` counters."""
+        import httpx
+
+        return httpx.get(f"{self.url}/stats", timeout=5.0).json()
+
+    def is_ready(self) -> bool:
+        """True once ``/readyz`` answers 200."""
+        import httpx
+
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self, timeout_s: float = 10.0, *, keep_log: bool = False) -> int:
+        """Terminate (SIGTERM), wait, kill if needed, delete the log unless ``keep_log``; the exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout_s)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        if not keep_log:
+            self.log_path.unlink(missing_ok=True)
+        return int(self.process.returncode)
+
+    def __enter__(self) -> ReplicaProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def start_replica(
+    onnx_path: str | Path,
+    store_path: str | Path,
+    model_version: str,
+    *,
+    config: ReplicaConfig = _NO_STALLS,
+    lazy_load: bool = False,
+    max_lifetime_s: float = 300.0,
+    startup_timeout_s: float = 60.0,
+    log_dir: str | Path | None = None,
+) -> ReplicaProcess:
+    """Start a replica process and return once it listens (not necessarily ready: see ``is_ready``).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the model or the store file is missing.
+    RuntimeError
+        If the process exits or does not report its port within ``startup_timeout_s`` (the
+        message quotes the end of its log).
+    """
+    for name, path in (("onnx_path", onnx_path), ("store_path", store_path)):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{name} {path} does not exist")
+    config = ReplicaConfig(**config.__dict__)  # validate
+    log_folder = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir())
+    log_path = log_folder / f"replica-{os.getpid()}-{time.monotonic_ns()}.log"
+    cmd = [
+        sys.executable, "-m", "course_lib.serving.replica", "--onnx", str(onnx_path), "--store", str(store_path),
+        "--model-version", model_version, "--slow-fraction", repr(config.slow_fraction),
+        "--slow-ms", repr(config.slow_ms), "--seed", str(config.seed),
+        "--warmup-requests", str(config.warmup_requests), "--max-lifetime-s", repr(max_lifetime_s),
+        "--parent-pid", str(os.getpid()),
+    ]  # fmt: skip
+    cmd += ["--gc-freeze"] * config.gc_freeze + ["--lazy-load"] * lazy_load
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    started = time.perf_counter()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + startup_timeout_s
+    line = b""
+    while not line.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([process.stdout], [], [], max(0.0, min(remaining, 0.2)))
+        if ready:
+            chunk = os.read(process.stdout.fileno(), 1024)
+            line += chunk
+            if chunk:
+                continue
+        if process.poll() is not None or remaining <= 0:
+            process.kill()
+            process.wait()
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(
+                f"replica did not report its port within {startup_timeout_s:g} s; log:\n{tail}"
+            )
+    port = json.loads(line.decode())["port"]
+    return ReplicaProcess(f"http://127.0.0.1:{port}", process, log_path, started)
+
+
+@dataclass(frozen=True)
+class ReplicaFiles:
+    """What a replica process loads: the exported model, the feature store and the model version."""
+
+    onnx_path: Path
+    store_path: Path
+    model_version: str
+
+
+def prepare_replica_files(
+    folder: str | Path = "build/tail", *, n_customers: int = 20_000, seed: int = 0
+) -> ReplicaFiles:
+    """Export the course model to ONNX and build a feature store, once (reused when present).
+
+    Relative ``folder`` paths are taken from the repository root; the store lives in the same folder.
+    """
+    from course_lib.churn.data import DATA_DIR
+    from course_lib.churn.export import pipeline_to_onnx
+    from course_lib.churn.model import load_or_train_churn_model
+    from course_lib.serving.feature_store import build_feature_store
+
+    base = Path(folder)
+    if not base.is_absolute():
+        base = DATA_DIR.parent / base
+    base.mkdir(parents=True, exist_ok=True)
+    model = load_or_train_churn_model()
+    onnx_path = base / f"churn_{model.model_version}.onnx"
+    if not onnx_path.is_file():
+        tmp = onnx_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pipeline_to_onnx(model.pipeline).SerializeToString())
+        tmp.replace(onnx_path)
+    store = build_feature_store(n_customers, seed, folder=base)
+    return ReplicaFiles(onnx_path, store.path, model.model_version)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The churn pipeline behind FastAPI: ``POST /score``, ``GET /healthz`` (readiness) and ``GET /stats``.
+
+``create_app(service)`` is the app factory. It reads the request body (``read_json_body``), runs the
+pipeline's stages (``course_lib.serving.service._pipeline.ChurnService.handle_async``) and answers with the
+stages in a ``Server-Timing`` header. What it does whatever the client does:
+
+* a body is read within ``body_timeout_s`` (408 otherwise) and up to ``MAX_BODY_BYTES`` (413);
+* ``Content-Type`` must be ``application/json`` or any ``application/<type>+json`` (as FastAPI's
+  own JSON detection, and RFC 6839's structured ``+json`` suffix), else 415;
+* a client that disconnects (mid-upload or while its request waits) cancels its request: the work
+  stops, nothing more reaches the model, and ``GET /stats`` counts it in ``client_disconnects``;
+* an unexpected failure is a 500 with a short reason; the exception goes to the server log, never to
+  the client. Error bodies never echo what the client sent beyond the name of a bad JSON key.
+
+References
+----------
+FastAPI documentation, "Request body" (JSON detection); RFC 6839 section 3.1 (``+json``);
+ASGI specification, HTTP ``http.disconnect`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+
+from course_lib.serving.server import DEFAULTS
+from course_lib.serving.service._pipeline import (
+    MAX_BODY_BYTES,
+    MAX_DRAIN_BYTES,
+    AsyncForward,
+    ChurnService,
+    RequestError,
+)
+
+__all__ = [
+    "AppCounters",
+    "ClientGoneError",
+    "cancel_on_disconnect",
+    "create_app",
+    "is_json_content_type",
+    "read_json_body",
+    "refuse",
+]
+
+T = TypeVar("T")
+_log = logging.getLogger("course_lib.serving.service")
+
+
+class ClientGoneError(Exception):
+    """The client disconnected before its answer was ready; nobody will read a response."""
+
+
+@dataclass
+class AppCounters:
+    """Requests that ended without an answer the client could read (``GET /stats``)."""
+
+    client_disconnects: int = 0
+    body_timeouts: int = 0
+    internal_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def is_json_content_type(value: str) -> bool:
+    """True for ``application/json`` and ``application/<anything>+json``, parameters ignored."""
+    media = value.split(";", 1)[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or (subtype.endswith("+json") and len(subtype) > 5))
+
+
+def refuse(err: RequestError, headers: dict[str, str] | None = None) -> Response:
+    """The JSON error response for ``err``."""
+    return Response(err.body(), status_code=err.status_code, media_type="application/json", headers=headers)
+
+
+async def read_json_body(request: Request, *, body_timeout_s: float = DEFAULTS.body_timeout_s) -> bytes:
+    """The request body, or a ``RequestError``; a refused body is read and discarded (up to
+    ``MAX_DRAIN_BYTES``) so that the client receives the 4xx instead of a reset connection.
+
+    Raises
+    ------
+    RequestError
+        413 over ``MAX_BODY_BYTES``; 415 for a content type that is not JSON; 408 if the body has not
+        arrived within ``body_timeout_s``.
+    ClientGoneError
+        If the client disconnected before the body was complete.
+    """
+    refusal: RequestError | None = None
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        refusal = RequestError(
+            413, "body_too_large", f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES} bytes"
+        )
+    elif not is_json_content_type(request.headers.get("content-type", "")):
+        refusal = RequestError(
+            415,
+            "unsupported_media_type",
+            "Content-Type must be application/json (or application/<type>+json)",
+        )
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_DRAIN_BYTES:
+                    break  # give up reading: the connection will be closed after the answer
+                if refusal is None and size > MAX_BODY_BYTES:
+                    refusal = RequestError(
+                        413, "body_too_large", f"request body exceeds the limit of {MAX_BODY_BYTES} bytes"
+                    )
+                if refusal is None:
+                    chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(
+            408, "body_timeout", f"the request body did not arrive within {body_timeout_s:g} s"
+        ) from None
+    except ClientDisconnect:
+        raise ClientGoneError() from None
+    if refusal is not None:
+        raise refusal
+    return b"".join(chunks)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client has gone (the ASGI server sends ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` (after the body has been read), cancelling it if the client disconnects first.
+
+    Raises
+    ------
+    ClientGoneError
+        If the client went away; ``work`` was cancelled (a batcher drops the request from its queue).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGoneError()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+def create_app(
+    service: ChurnService,
+    *,
+    forward: AsyncForward | None = None,
+    body_timeout_s: float = DEFAULTS.body_timeout_s,
+) -> FastAPI:
+    """The FastAPI app serving ``service`` at ``POST /score`` (plus ``GET /healthz`` and ``GET /stats``).
+
+    Parameters
+    ----------
+    service : ChurnService
+    forward : async callable, optional
+        Replaces the model-forward stage (records -> probabilities, awaited); e.g. a dynamic
+        batcher. ``app.state.service`` and ``app.state.forward`` hold both, so another endpoint
+        (say ``/predict`` behind a batcher) can call ``await service.handle_async(body, forward=...)``.
+    body_timeout_s : float
+        Longest wait for a request body (408 after it).
+
+    Returns
+    -------
+    fastapi.FastAPI
+        Every answer of ``/score`` carries ``Server-Timing: parse;dur=.., lookup;dur=.., ...``.
+        ``GET /healthz`` answers ``{"status": "ok", "model_version": ...}`` (readiness);
+        ``GET /stats`` the ``AppCounters``. ``app.state.counters`` holds them; ``app.state.handle``
+        is the request runner that endpoints added later share (body, disconnects, errors).
+    """
+    app = FastAPI(title="churn scoring", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    app.state.forward = forward
+    app.state.counters = counters = AppCounters()
+
+    async def handle(request: Request, run: Callable[[bytes], Awaitable[Response]]) -> Response:
+        """Read the body, run ``run(body)`` until done or the client leaves, map failures to 4xx/5xx."""
+        try:
+            body = await read_json_body(request, body_timeout_s=body_timeout_s)
+            return await cancel_on_disconnect(request, run(body))
+        except ClientGoneError:
+            counters.client_disconnects += 1
+            return Response(status_code=499)  # never delivered: the client is gone
+        except RequestError as err:
+            if err.status_code == 408:
+                counters.body_timeouts += 1
+            return refuse(err, {"connection": "close"} if err.status_code in (408, 413, 415) else None)
+        except Exception:  # a failing stage must not take the server down
+            counters.internal_errors += 1
+            _log.exception("unexpected error while answering %s", request.url.path)
+            return refuse(
+                RequestError(
+                    500, "internal_error", "the service failed to answer; the error is in the server log"
+                )
+            )
+
+    app.state.handle = handle
+
+    async def score_body(body: bytes) -> Response:
+        result = await service.handle_async(body, forward=app.state.forward)
+        return Response(result.body, status_code=result.status_code, headers=result.headers)
+
+    @app.post("/score")
+    async def score(request: Request) -> Response:
+        return await handle(request, run=score_body)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "model_version": service.model_version}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, int]:
+        return counters.as_dict()
+
+    return app

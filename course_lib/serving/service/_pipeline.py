@@ -1,0 +1,378 @@
+"""The churn scoring request pipeline: five timed stages, run in-process (the app and client live beside it).
+
+A request is the JSON body ``{"customer_id": "SC-0000042"}``. It goes through the five stages of
+the source lesson's latency budget, each one real and each one timed:
+
+1. ``transport``: the HTTP round trip outside the app (client library, loopback TCP, uvicorn's HTTP
+   parsing, the ASGI framework), measured by the client as its wall time minus the server's stages;
+2. ``parse``: JSON decoding and schema validation with pydantic;
+3. ``lookup``: the customer's features from the feature store (indexed, un-indexed or cached);
+4. ``forward``: the model (native XGBoost pipeline or ONNX Runtime);
+5. ``format``: building the JSON response body.
+
+``ChurnService.handle`` runs stages 2-5 in-process (no network); ``course_lib.serving.service._app.create_app``
+serves the same stages over HTTP and reports them in a ``Server-Timing`` header;
+``course_lib.serving.service._client.ChurnClient`` adds the transport stage on the client side
+(``course_lib.serving.service`` re-exports all three). Bad requests are answered with a 4xx whose JSON body
+says why (400 bad JSON or a duplicate key, 404 unknown customer, 413 body too large, 415 not JSON,
+422 wrong or missing fields, or customer features outside ``course_lib.churn.schema``).
+
+The JSON parser (``course_lib.serving.service._strict_json.decode_json``) is strict (RFC 8259): UTF-8 only (a leading UTF-8 byte-order mark is ignored, as
+section 8.1 allows), no ``NaN``/``Infinity``, no key twice in one object (RFC 8259 section 4 leaves
+duplicates undefined, so we refuse them), at most ``MAX_JSON_DEPTH`` nested containers and numbers of
+at most ``MAX_NUMBER_DIGITS`` digits; every refusal is a 400 with the course's own short reason.
+
+References
+----------
+MLOps course lesson 19, "Inference Engineering Basics" (source 000): the five-stage budget table.
+W3C, "Server Timing" (the response header). FastAPI and pydantic documentation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
+
+from course_lib.churn.data import FEATURE_COLUMNS
+from course_lib.churn.schema import check_records
+from course_lib.serving.profiling import RequestProfile
+from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_DRAIN_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_NUMBER_DIGITS",
+    "SERVER_STAGES",
+    "STAGES",
+    "ChurnService",
+    "RequestError",
+    "ScoreRequest",
+    "ServiceResponse",
+    "native_forward",
+    "onnx_forward",
+]
+
+#: The five stages, in request order.
+STAGES: tuple[str, ...] = ("transport", "parse", "lookup", "forward", "format")
+#: The stages the server times itself (and reports in ``Server-Timing``).
+SERVER_STAGES: tuple[str, ...] = STAGES[1:]
+#: Largest request body accepted; a body of one customer id is ~30 bytes.
+MAX_BODY_BYTES = 16_384
+#: A refused body is still read (and thrown away) up to this size, so the client gets its 413.
+MAX_DRAIN_BYTES = 8 * 1024 * 1024
+#: Deepest nesting of JSON arrays/objects accepted (a request needs 1; Python's parser recurses).
+MAX_JSON_DEPTH = 32
+#: Longest JSON number accepted, in characters (Python refuses integers over 4,300 digits).
+MAX_NUMBER_DIGITS = 64
+
+Lookup = Callable[[str], "dict[str, object] | None"]
+Forward = Callable[[list[dict[str, object]]], np.ndarray]
+AsyncForward = Callable[[list[dict[str, object]]], Awaitable[np.ndarray]]
+
+
+class ScoreRequest(BaseModel):
+    """The request schema: one customer id such as ``SC-0000042`` and nothing else (strict types)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    customer_id: Annotated[str, StringConstraints(pattern=r"^SC-[0-9]{7,9}$", max_length=12)]
+
+
+class RequestError(Exception):
+    """A request the service must refuse, with the HTTP status and a message that says why.
+
+    Parameters
+    ----------
+    status_code : int
+        A 4xx status (5xx for failures of the service itself).
+    error : str
+        Short machine-readable kind, e.g. ``"not_found"``.
+    message : str
+        Human-readable reason.
+    details : list of dict, optional
+        Per-field problems (from pydantic), each with ``loc``, ``msg`` and ``type``.
+    """
+
+    def __init__(
+        self, status_code: int, error: str, message: str, details: list[dict[str, object]] | None = None
+    ):
+        super().__init__(message)
+        self.status_code = status_code
+        self.error = error
+        self.message = message
+        self.details = details or []
+
+    def body(self) -> bytes:
+        """The JSON error body: ``{"error": ..., "message": ..., "details": [...]}``."""
+        return json.dumps({"error": self.error, "message": self.message, "details": self.details}).encode()
+
+
+def _validation_details(exc: ValidationError) -> list[dict[str, object]]:
+    return [
+        {"loc": ".".join(map(str, e["loc"])) or "body", "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+def native_forward(pipeline: object) -> Forward:
+    """Model-forward stage with the native scikit-learn + XGBoost pipeline.
+
+    Parameters
+    ----------
+    pipeline : fitted sklearn Pipeline (``ChurnModel.pipeline``).
+
+    Returns
+    -------
+    callable
+        records (list of n feature dicts) -> churn probabilities, float array of shape (n,). Each
+        call checks the records against ``course_lib.churn.schema`` (``FeatureError`` otherwise)
+        and builds a DataFrame of them: that and the pipeline's per-call overhead is what a
+        Python-native model costs per request.
+
+    Raises
+    ------
+    TypeError
+        If ``pipeline`` has no ``predict_proba``.
+    """
+    if not hasattr(pipeline, "predict_proba"):
+        raise TypeError(f"pipeline must have predict_proba, got {type(pipeline).__name__}")
+    columns = list(FEATURE_COLUMNS)
+
+    def forward(records: list[dict[str, object]]) -> np.ndarray:
+        check_records(records)
+        frame = pd.DataFrame.from_records(records, columns=columns)
+        return pipeline.predict_proba(frame)[:, 1]
+
+    return forward
+
+
+def onnx_forward(scorer: object) -> Forward:
+    """Model-forward stage with ONNX Runtime: ``scorer.run(scorer.feeds_from_records(records))``.
+
+    Parameters
+    ----------
+    scorer : course_lib.churn.export._onnx.OnnxChurnScorer
+
+    Returns
+    -------
+    callable
+        records (list of n feature dicts) -> churn probabilities, float32 array of shape (n,).
+        A malformed record raises ``ValueError`` (``FeatureError`` for a value outside the schema)
+        from ``feeds_from_records``.
+
+    Raises
+    ------
+    TypeError
+        If ``scorer`` has no ``feeds_from_records``.
+    """
+    if not hasattr(scorer, "feeds_from_records"):
+        raise TypeError(f"scorer must be an OnnxChurnScorer, got {type(scorer).__name__}")
+
+    def forward(records: list[dict[str, object]]) -> np.ndarray:
+        return scorer.run(scorer.feeds_from_records(records))
+
+    return forward
+
+
+@dataclass
+class ServiceResponse:
+    """What the service answers: status, JSON body and the profile of the stages that ran."""
+
+    status_code: int
+    body: bytes
+    profile: RequestProfile = field(default_factory=RequestProfile)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``content-type`` and ``server-timing`` (the stages as ``name;dur=ms``)."""
+        return {"content-type": "application/json", "server-timing": self.profile.server_timing()}
+
+    def json(self) -> dict[str, object]:
+        """The body decoded."""
+        return json.loads(self.body)
+
+
+class ChurnService:
+    """The scoring pipeline's stages, shared by the in-process path and the HTTP app.
+
+    Parameters
+    ----------
+    lookup : callable
+        customer_id -> feature dict or ``None`` (``course_lib.serving.feature_store._lookup.make_lookup``).
+    forward : callable
+        records -> probabilities, shape (n,) (``native_forward`` or ``onnx_forward``).
+    model_version : str
+        Echoed in every answer, so a caller knows which model scored it.
+    lookup_mode, runtime : str
+        Labels echoed in the answer (e.g. ``"indexed"``, ``"onnx"``).
+    """
+
+    def __init__(
+        self,
+        lookup: Lookup,
+        forward: Forward,
+        *,
+        model_version: str,
+        lookup_mode: str = "",
+        runtime: str = "",
+    ):
+        if not callable(lookup) or not callable(forward):
+            raise TypeError("lookup and forward must both be callables")
+        self.lookup_features = lookup
+        self.forward = forward
+        self.model_version = model_version
+        self.lookup_mode = lookup_mode
+        self.runtime = runtime
+
+    # -- stages -------------------------------------------------------------------------------
+    def parse(self, body: bytes) -> ScoreRequest:
+        """Stage 2: decode and validate the JSON body.
+
+        Raises
+        ------
+        RequestError
+            413 if the body is over ``MAX_BODY_BYTES``; 400 if ``decode_json`` refuses it;
+            422 for a body that is JSON but not ``{"customer_id": "SC-<7 to 9 digits>"}``.
+        """
+        if len(body) > MAX_BODY_BYTES:
+            raise RequestError(
+                413,
+                "body_too_large",
+                f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES} bytes",
+            )
+        try:
+            payload = decode_json(body, max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_NUMBER_DIGITS)
+        except JSONRefusedError as exc:
+            raise RequestError(400, "bad_json", str(exc)) from None
+        if not isinstance(payload, dict):
+            raise RequestError(
+                422,
+                "invalid_request",
+                f'request body must be a JSON object like {{"customer_id": "SC-0000042"}}, '
+                f"got a JSON {type(payload).__name__}",
+            )
+        try:
+            return ScoreRequest.model_validate(payload)
+        except ValidationError as exc:
+            details = _validation_details(exc)
+            summary = "; ".join(f"{d['loc']}: {d['msg']}" for d in details)
+            raise RequestError(
+                422, "invalid_request", f"request does not match the schema: {summary}", details
+            ) from None
+
+    def lookup(self, request: ScoreRequest) -> dict[str, object]:
+        """Stage 3: the customer's features.
+
+        Raises
+        ------
+        RequestError
+            404 if the customer id is not in the feature store.
+        """
+        record = self.lookup_features(request.customer_id)
+        if record is None:
+            raise RequestError(
+                404, "not_found", f"customer_id {request.customer_id!r} is not in the feature store"
+            )
+        return record
+
+    @staticmethod
+    def check_features(record: dict[str, object]) -> None:
+        """First step of stage 4: the record must fit ``course_lib.churn.schema`` before any model sees it.
+
+        Raises
+        ------
+        RequestError
+            422 ``invalid_features`` naming the column, the value and the allowed range. A bad
+            record is refused alone: it never reaches the model, nor a batch shared with others.
+        """
+        try:
+            check_records([record])
+        except ValueError as exc:  # FeatureError, or a record with missing/extra fields
+            raise RequestError(422, "invalid_features", str(exc)) from None
+
+    def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
+        """Stage 5: the JSON answer ``{"customer_id", "churn_probability", "model_version", ...}``.
+
+        Raises
+        ------
+        RequestError
+            500 if the model returned a probability outside [0, 1] or NaN (never sent on silently).
+        """
+        p = float(churn_probability)
+        if not (math.isfinite(p) and 0.0 <= p <= 1.0):
+            raise RequestError(500, "model_error", f"model returned churn probability {p!r}, outside [0, 1]")
+        return json.dumps(
+            {
+                "customer_id": request.customer_id,
+                "churn_probability": round(p, 6),
+                "model_version": self.model_version,
+                "runtime": self.runtime,
+                "lookup": self.lookup_mode,
+            }
+        ).encode()
+
+    # -- whole requests -----------------------------------------------------------------------
+    def handle(self, body: bytes, *, request_id: str = "") -> ServiceResponse:
+        """Run stages 2-5 in-process on a raw request body (no network, no event loop).
+
+        Returns
+        -------
+        ServiceResponse
+            200 with the score, or the 4xx/5xx of the first stage that refused; the profile holds
+            every stage that ran, in ms.
+        """
+        # With the synchronous forward, handle_async never suspends: one send() runs it to the end.
+        coro = self.handle_async(body, request_id=request_id)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value
+        coro.close()
+        raise RuntimeError("handle_async suspended without an async forward; use it from an event loop")
+
+    def timed_score(self, customer_id: str) -> RequestProfile:
+        """Score one customer in-process and return the stage profile (for ``profile_requests``).
+
+        Raises
+        ------
+        RequestError
+            If the answer is not 200 (a refused request is not a latency sample).
+        """
+        result = self.handle(json.dumps({"customer_id": customer_id}).encode(), request_id=customer_id)
+        if result.status_code != 200:
+            raise RequestError(result.status_code, "request_failed", result.body.decode(errors="replace"))
+        return result.profile
+
+    async def handle_async(
+        self, body: bytes, *, forward: AsyncForward | None = None, request_id: str = ""
+    ) -> ServiceResponse:
+        """``handle`` for an event loop: the same stages, with an awaitable model-forward step.
+
+        Parameters
+        ----------
+        forward : async callable, optional
+            records -> probabilities, awaited in the ``forward`` stage (e.g. a dynamic batcher's
+            submit). Default: ``self.forward`` called directly.
+        """
+        profile = RequestProfile(request_id)
+        try:
+            with profile.stage("parse"):
+                request = self.parse(body)
+            with profile.stage("lookup"):
+                record = self.lookup(request)
+            with profile.stage("forward"):
+                self.check_features(record)
+                p = (await forward([record]))[0] if forward is not None else self.forward([record])[0]
+            with profile.stage("format"):
+                out = self.format(request, p)
+        except RequestError as err:
+            return ServiceResponse(err.status_code, err.body(), profile)
+        return ServiceResponse(200, out, profile)
