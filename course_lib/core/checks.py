@@ -72,10 +72,14 @@ def integer(name: str, value: object, *, min: int | None = None, max: int | None
     >>> import numpy as np; integer("seed", np.int64(3), min=0)
     3
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
-        (min is not None and value < min) or (max is not None and value > max)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or ((min is not None and value < min) or (max is not None and value > max))
     ):
-        raise InvalidArgumentError(f"{name} must be an integer{_bounds(min, max, False, False)}, got {value!r}")
+        raise InvalidArgumentError(
+            f"{name} must be an integer{_bounds(min, max, False, False)}, got {value!r}"
+        )
     return int(value)
 
 
@@ -120,9 +124,8 @@ def number(
     v = float(value)
     if math.isnan(v) or (finite and math.isinf(v)):
         raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {value!r}")
-    if (
-        (min is not None and (v < min or (min_open and v == min)))
-        or (max is not None and (v > max or (max_open and v == max)))
+    if (min is not None and (v < min or (min_open and v == min))) or (
+        max is not None and (v > max or (max_open and v == max))
     ):
         raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {value!r}")
     return v

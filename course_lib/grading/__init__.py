@@ -26,4 +26,14 @@ from course_lib.grading.gradebook import (
     score_table,
 )
 
-__all__ = ["COURSE_ROOT", "GRADEBOOK_FILE", "QUESTION_COLUMNS", "export_grades_csv", "gradebook_url", "main", "question_scores", "run_nbgrader", "score_table"]
+__all__ = [
+    "COURSE_ROOT",
+    "GRADEBOOK_FILE",
+    "QUESTION_COLUMNS",
+    "export_grades_csv",
+    "gradebook_url",
+    "main",
+    "question_scores",
+    "run_nbgrader",
+    "score_table",
+]

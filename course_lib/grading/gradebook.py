@@ -256,4 +256,3 @@ def export_grades_csv(dest: str | os.PathLike, course_root: str | os.PathLike | 
     if done.returncode != 0 or not dest_path.is_file():
         raise RuntimeError(f"nbgrader export failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     return pd.read_csv(dest_path, dtype={"student_id": str}, keep_default_na=False)
-

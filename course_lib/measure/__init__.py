@@ -5,4 +5,22 @@ throughput records, cold starts, GC pauses, and the lessons' live experiments.
 Imports only from the layers below.
 """
 
-__all__ = ["batch_cost", "batching_gain", "capacity_record", "cold_start", "coordinated_omission", "gc_pauses", "generators", "histograms", "knee", "load_server", "loadgen", "locust_runner", "rate_sweep", "server_levers", "source_loadtest", "targets", "throughput"]
+__all__ = [
+    "batch_cost",
+    "batching_gain",
+    "capacity_record",
+    "cold_start",
+    "coordinated_omission",
+    "gc_pauses",
+    "generators",
+    "histograms",
+    "knee",
+    "load_server",
+    "loadgen",
+    "locust_runner",
+    "rate_sweep",
+    "server_levers",
+    "source_loadtest",
+    "targets",
+    "throughput",
+]

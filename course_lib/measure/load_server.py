@@ -134,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_graceful_shutdown=3,
     )
     if args.workers > 1:
-        uvicorn.run("course_lib.measure.load_server:app_from_env", factory=True, workers=args.workers, **common)
+        uvicorn.run(
+            "course_lib.measure.load_server:app_from_env", factory=True, workers=args.workers, **common
+        )
     else:
         uvicorn.run(_build_app(config), **common)
 

@@ -231,9 +231,7 @@ def score_store(
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: build (if needed) or read a store, score it, print the summary as JSON."""
-    parser = argparse.ArgumentParser(
-        prog="python -m course_lib.offline", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m course_lib.offline", description=__doc__.split("\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--source", help="a .parquet or .sqlite store to score")
     where.add_argument(

@@ -5,4 +5,14 @@ pool.
 Imports only from the layers below.
 """
 
-__all__ = ["alerting", "canary", "canary_day", "drift", "hpa_manifest", "model_pool", "monitored_service", "prom_quantile", "promtool"]
+__all__ = [
+    "alerting",
+    "canary",
+    "canary_day",
+    "drift",
+    "hpa_manifest",
+    "model_pool",
+    "monitored_service",
+    "prom_quantile",
+    "promtool",
+]

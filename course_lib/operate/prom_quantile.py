@@ -33,9 +33,9 @@ import pandas as pd
 from course_lib.core.percentiles import percentile
 
 __all__ = [
-    "SOURCE004_BUCKETS_S",
     "SLO_BUCKETS_S",
     "SLO_P95_S",
+    "SOURCE004_BUCKETS_S",
     "bucket_error_table",
     "cumulative_buckets",
     "extrapolated_rate",

@@ -165,7 +165,10 @@ def run_promtool(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedPr
 
 
 #: The committed unit-test files and the rule file each one tests.
-PROMTOOL_TESTS: dict[str, str] = {"alerts_test.yml": "alerts.yml", "source004_alerts_test.yml": "source004_alerts.yml"}
+PROMTOOL_TESTS: dict[str, str] = {
+    "alerts_test.yml": "alerts.yml",
+    "source004_alerts_test.yml": "source004_alerts.yml",
+}
 
 
 def write_promtool_tests(folder: str | Path | None = None) -> dict[str, Path]:

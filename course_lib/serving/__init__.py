@@ -5,4 +5,15 @@ the capstone's slow baseline.
 Imports only from :mod:`course_lib.core` and :mod:`course_lib.churn`.
 """
 
-__all__ = ["batching", "cache", "fallback", "feature_store", "hedging", "profiling", "replica", "server", "service", "slow_baseline"]
+__all__ = [
+    "batching",
+    "cache",
+    "fallback",
+    "feature_store",
+    "hedging",
+    "profiling",
+    "replica",
+    "server",
+    "service",
+    "slow_baseline",
+]

@@ -187,5 +187,3 @@ def auc_with_fallbacks(
         "auc_loss": auc_model - auc_served,
         "fallback_rate": float(mask.mean()),
     }
-
-

@@ -33,7 +33,17 @@ import numpy as np
 
 from course_lib.core.checks import integer, number, positive_number
 
-__all__ = ["SECONDS_PER_DAY", "TrafficDay", "arrivals_per_second", "poisson_arrival_times_s", "poisson_arrivals_ms", "rate_per_second", "spike_schedule", "zipf_trace", "zipf_weights"]
+__all__ = [
+    "SECONDS_PER_DAY",
+    "TrafficDay",
+    "arrivals_per_second",
+    "poisson_arrival_times_s",
+    "poisson_arrivals_ms",
+    "rate_per_second",
+    "spike_schedule",
+    "zipf_trace",
+    "zipf_weights",
+]
 
 SECONDS_PER_DAY = 86_400
 

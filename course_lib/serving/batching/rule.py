@@ -138,5 +138,3 @@ def next_batch_size(
     if exceeded or max_queue_delay_ms == 0:
         return pending, ("max_batch_size" if pending == max_batch_size else "max_queue_delay")
     return 0, None
-
-

@@ -310,5 +310,3 @@ def hit_miss_summary(budget: LatencyBudget, qs: Sequence[float] = (50, 99)) -> p
     out = pd.DataFrame(table)
     out.index.name = "stage (us)"
     return out.loc[[*(s for s in stages if s != END_TO_END), END_TO_END]]
-
-

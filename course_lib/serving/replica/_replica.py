@@ -91,7 +91,9 @@ class _OnnxForward:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.serving.replica", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.serving.replica", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--onnx", required=True, help="path of the exported churn model (.onnx)")
     parser.add_argument("--store", required=True, help="path of the feature store (.sqlite)")
     parser.add_argument("--model-version", required=True)
@@ -255,9 +257,7 @@ def start_replica(
     cmd += ["--gc-freeze"] * config.gc_freeze + ["--lazy-load"] * lazy_load
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
-        ),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
     started = time.perf_counter()
     with log_path.open("wb") as log:

@@ -1,0 +1,173 @@
+"""The house plan is a test: each layer imports only from the layers to its left, and nothing imports in a cycle.
+
+``core < churn < serving, optimize < simulate < measure, cost < operate, offline < tools``: a module may
+import from a layer further left or from its own top-level package, never from a sibling in the same
+layer or from one to its right. The imports are read by ``course_lib.lesson_map`` (function-level ones
+included), the same reader that maps modules to lessons.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_lib.lesson_map import ROOT, course_imports
+
+#: Top-level package -> layer rank. Packages of one rank may not import each other.
+LAYERS: dict[str, int] = {
+    "core": 0,
+    "churn": 1,
+    "serving": 2,
+    "optimize": 2,
+    "simulate": 3,
+    "measure": 4,
+    "cost": 4,
+    "operate": 5,
+    "offline": 5,
+    "grading": 6,
+    "lesson_map": 6,
+    "course_runner": 6,
+}
+#: Most top-level entries ``ls course_lib`` may show (issue 22: "at most 15").
+MAX_TOP_LEVEL = 15
+#: Most modules (files and subpackages) in one package ("about 15"); private modules count too.
+MAX_PACKAGE_MODULES = 18
+#: Longest module, lines ("one concept per module, under ~400 lines").
+MAX_MODULE_LINES = 410
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that go to a sibling in the same layer or to a layer to the right, as readable lines."""
+    bad = []
+    for module, imported in sorted(graph.items()):
+        src = _top(module)
+        if src not in LAYERS:  # the course_lib package itself (its lazy env_report) sits above all layers
+            continue
+        for target in sorted(imported):
+            dst = _top(target)
+            if dst == src:
+                continue
+            if dst == "":
+                bad.append(f"{module} imports the top-level package course_lib (import the concept module)")
+            elif dst not in LAYERS:
+                bad.append(f"{module} imports {target}, which is in no layer")
+            elif LAYERS[dst] >= LAYERS[src]:
+                bad.append(f"{module} (layer {LAYERS[src]}) imports {target} (layer {LAYERS[dst]})")
+    return bad
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_every_import_goes_to_a_layer_on_the_left():
+    assert layer_violations(course_imports()) == []
+
+
+def test_no_module_imports_in_a_cycle():
+    assert import_cycles(course_imports()) == []
+
+
+def test_every_top_level_package_is_in_a_layer():
+    packages = {p.name for p in (ROOT / "course_lib").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert packages <= set(LAYERS), sorted(packages - set(LAYERS))
+
+
+def test_the_package_tree_is_readable_from_ls():
+    top = [p for p in (ROOT / "course_lib").iterdir() if p.name != "__pycache__"]
+    assert len(top) <= MAX_TOP_LEVEL, sorted(p.name for p in top)
+    for package in (ROOT / "course_lib").rglob("__init__.py"):
+        entries = [
+            p
+            for p in package.parent.iterdir()
+            if p.name not in {"__init__.py", "__main__.py", "__pycache__"} and (p.suffix == ".py" or p.is_dir())
+        ]
+        assert len(entries) <= MAX_PACKAGE_MODULES, (package.parent.name, sorted(p.name for p in entries))
+    long = {
+        p.relative_to(ROOT).as_posix(): n
+        for p in (ROOT / "course_lib").rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long
+
+
+@pytest.fixture
+def planted_tree(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "course_lib"
+
+
+def test_a_planted_upward_import_is_caught(planted_tree: Path):
+    target = planted_tree / "core" / "checks.py"
+    target.write_text(target.read_text() + "\n\ndef _late():\n    from course_lib.measure.loadgen import run_open_loop\n")
+    bad = layer_violations(course_imports(planted_tree))
+    assert bad == ["course_lib.core.checks (layer 0) imports course_lib.measure.loadgen (layer 4)"]
+
+
+def test_a_planted_sibling_import_is_caught(planted_tree: Path):
+    target = planted_tree / "optimize" / "variants.py"
+    target.write_text(target.read_text() + "\nfrom course_lib.serving.service import ChurnService\n")
+    bad = layer_violations(course_imports(planted_tree))
+    assert bad == ["course_lib.optimize.variants (layer 2) imports course_lib.serving.service (layer 2)"]
+
+
+def test_a_planted_cycle_is_caught(planted_tree: Path):
+    target = planted_tree / "core" / "percentiles.py"
+    target.write_text(target.read_text() + "\nfrom course_lib.core.bench import interleaved_rounds_ns\n")
+    assert ["course_lib.core.bench", "course_lib.core.percentiles"] in import_cycles(course_imports(planted_tree))
+
+
+def test_import_course_lib_needs_no_pandas_or_numpy():
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'pandas', 'numpy'}:\n"
+        "            raise ImportError(f'blocked {name}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import course_lib, course_lib.lesson_map\n"
+        "print(course_lib.__version__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == __import__("course_lib").__version__
