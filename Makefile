@@ -84,16 +84,19 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) notebooks
 
+# ruff check and ruff format --check cover the same paths; the lessons not yet formatted are listed in
+# pyproject.toml ([tool.ruff.format] exclude) and join the format check when they are formatted.
 RUFF_PATHS := course_lib tests benchmarks loadtests notebooks
 
 test: $(STAMP)
 	$(BIN)/ruff check $(RUFF_PATHS)
+	$(BIN)/ruff format --check $(RUFF_PATHS)
 	$(BIN)/python -m pytest -q --doctest-modules --ignore-glob='*/__main__.py' course_lib
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(RUFF_PATHS)
-	$(BIN)/ruff format --check course_lib tests benchmarks loadtests
+	$(BIN)/ruff format --check $(RUFF_PATHS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime_comparison.py
