@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 #: Prose that names course_lib's modules and must name only ones that exist. CHANGELOG.md is left out on
 #: purpose: its 0.1.0 -> 0.2.0 table names the old modules.
-DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 REGENERATE = "make module-table (python -m course_lib.lesson_map --module-table --write README.md)"
 
 
