@@ -1,4 +1,4 @@
-"""course_lib: the verified implementations that the Inference Engineering Workbook's lessons import.
+"""The companion package: the verified implementations the Inference Engineering Workbook's lessons import.
 
 Layered packages, each importing only from the layers to its left (``tests/test_layers.py``)::
 

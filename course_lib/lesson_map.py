@@ -13,9 +13,16 @@ Command line::
     python -m course_lib.lesson_map                     # module -> lessons, for every module
     python -m course_lib.lesson_map --changed course_lib/serving/batching/rule.py notebooks/03_dynamic_batching.ipynb
                                                         # the notebooks to re-execute, one per line
+    python -m course_lib.lesson_map --module-table      # the README's module table (Markdown)
+    python -m course_lib.lesson_map --module-table --write README.md   # ... rewritten in place
 
 ``--changed`` accepts any paths (for example ``git diff --name-only main``): a course module names the
 notebooks that use it, a notebook names itself, anything else is listed on stderr as not mapped.
+
+The module table lists every concept module by layer, in the order of ``course_lib/__init__.py``'s
+docstring, with the first line of its docstring (a package: its ``__init__``'s) and the lessons and
+problem sets that import it; the README holds it between ``<!-- module-table:start -->`` and
+``<!-- module-table:end -->``.
 """
 
 from __future__ import annotations
@@ -23,15 +30,33 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LessonMap", "build_lesson_map", "course_imports", "main", "module_of", "notebook_imports"]
+__all__ = [
+    "MODULE_TABLE_END",
+    "MODULE_TABLE_START",
+    "LessonMap",
+    "build_lesson_map",
+    "course_imports",
+    "layer_order",
+    "main",
+    "module_of",
+    "module_table",
+    "notebook_imports",
+    "summary_line",
+    "write_module_table",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "course_lib"
+MODULE_TABLE_START = "<!-- module-table:start -->"
+MODULE_TABLE_END = "<!-- module-table:end -->"
+#: The layer that holds the commands and the top-level modules (``lesson_map``, ``course_runner``, ``grading``).
+TOOLS = "tools"
 
 
 def _imported_modules(source: str, known: set[str]) -> set[str]:
@@ -218,6 +243,114 @@ def build_lesson_map(root: Path = ROOT) -> LessonMap:
     return LessonMap(direct=direct, uses=uses)
 
 
+def layer_order(package_dir: Path = ROOT / PACKAGE) -> list[list[str]]:
+    """The layers, left to right, as ``course_lib/__init__.py``'s docstring states them.
+
+    >>> layer_order()[:3]
+    [['core'], ['churn'], ['serving', 'optimize']]
+
+    Raises
+    ------
+    ValueError
+        If the docstring has no line of the form ``core < churn < ...``.
+    """
+    doc = ast.get_docstring(ast.parse((package_dir / "__init__.py").read_text(encoding="utf-8"))) or ""
+    for line in doc.splitlines():
+        if line.strip().startswith("core <"):
+            return [[name.strip() for name in layer.split(",")] for layer in line.split("<")]
+    raise ValueError(
+        f"{package_dir / '__init__.py'}: no layer order line (core < churn < ...) in the docstring"
+    )
+
+
+def summary_line(path: Path) -> str:
+    """The first line of the module docstring in ``path`` (empty if it has none), read without importing it."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    return doc.splitlines()[0].strip() if doc else ""
+
+
+def _markdown(text: str) -> str:
+    """A docstring line as a Markdown table cell: RST roles and double backticks become code spans."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    return text.replace("|", "\\|")
+
+
+def _short(notebook: str) -> tuple[int, str]:
+    """Sort key and label: ``notebooks/03_dynamic_batching.ipynb`` -> ``3``, ``exercises/source/ps1/ps1.ipynb``
+    -> ``ps1`` (lessons first, by number, then problem sets)."""
+    stem = Path(notebook).stem
+    head = stem.split("_", 1)[0]
+    return (int(head), head.lstrip("0")) if head.isdigit() else (1_000, stem)
+
+
+def module_table(root: Path = ROOT, lesson_map: LessonMap | None = None) -> str:
+    """The README's module table: every concept module by layer, what it is, the notebooks importing it.
+
+    Parameters
+    ----------
+    root : Path
+        The checkout (``course_lib/``, ``notebooks/``, ``exercises/source/``).
+    lesson_map : LessonMap, optional
+        A map built already (default: :func:`build_lesson_map` of ``root``).
+
+    Returns
+    -------
+    str
+        A Markdown table, one row per concept module (a public module, or a package: its ``__init__``),
+        each top-level package first in its group; the last column lists the lessons (by number) and
+        problem sets whose own cells import the module.
+    """
+    lesson_map = lesson_map or build_lesson_map(root)
+    modules = _known_modules(root / PACKAGE)
+    layers = layer_order(root / PACKAGE)
+    rank = {package: (i, j) for i, layer in enumerate(layers) for j, package in enumerate(layer)}
+
+    def group(module: str) -> tuple[int, int]:
+        """(layer, position in the layer); ``course_lib`` itself first, the tools last."""
+        if module == PACKAGE:
+            return (-1, 0)
+        return rank.get(module.split(".")[1], rank.get(TOOLS, (len(layers), 0)))
+
+    def summary(module: str) -> str:
+        files = modules[module]
+        init = [f for f in files if f.name == "__init__.py"]
+        return _markdown(summary_line(init[0] if init else files[0]))
+
+    def importers(module: str) -> str:
+        users = [nb for nb in lesson_map.lessons_using(module) if module in lesson_map.direct[nb]]
+        return ", ".join(label for _, label in sorted(map(_short, users))) or "—"
+
+    rows = ["| layer | module | what it is | imported by (lesson, problem set) |", "|---|---|---|---|"]
+    shown_layer = None
+    for module in sorted(modules, key=lambda m: (group(m), m)):
+        index = group(module)[0]
+        label = ""
+        if index != shown_layer:
+            shown_layer = index
+            label = "" if index < 0 else " + ".join(layers[index]) if index < len(layers) else TOOLS
+        rows.append(f"| {label} | `{module}` | {summary(module)} | {importers(module)} |")
+    return "\n".join(rows) + "\n"
+
+
+def write_module_table(readme: Path, root: Path = ROOT) -> bool:
+    """Rewrite the table between the module-table markers in ``readme``; True if the file changed.
+
+    Raises
+    ------
+    ValueError
+        If ``readme`` lacks the start or end marker (the message names both).
+    """
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(MODULE_TABLE_START), text.find(MODULE_TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"{readme} has no {MODULE_TABLE_START} ... {MODULE_TABLE_END} section")
+    head = text[: start + len(MODULE_TABLE_START)]
+    new = f"{head}\n{module_table(root)}{text[end:]}"
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the module -> lesson map, or with ``--changed`` the notebooks to re-execute."""
     parser = argparse.ArgumentParser(
@@ -226,7 +359,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--changed", nargs="*", metavar="FILE", help="changed files (e.g. from git diff --name-only)"
     )
+    parser.add_argument(
+        "--module-table", action="store_true", help="print the README's module table (Markdown)"
+    )
+    parser.add_argument(
+        "--write", metavar="README", type=Path, help="with --module-table: rewrite the table in this file"
+    )
     args = parser.parse_args(argv)
+    if args.write is not None and not args.module_table:
+        parser.error("--write needs --module-table")
+    if args.module_table:
+        if args.write is None:
+            print(module_table(), end="")
+        else:
+            changed = write_module_table(args.write)
+            print(f"{args.write}: module table {'rewritten' if changed else 'already current'}")
+        return 0
     lesson_map = build_lesson_map()
     if args.changed is not None:
         if not args.changed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import require_component
 
 from course_lib.operate.alerting import PROMETHEUS_DIR, RULES, IncidentSpec, evaluate_rules, simulate_incident
 from course_lib.operate.promtool import PROMTOOL_TESTS, promtool_path, run_promtool, write_promtool_tests
@@ -19,15 +20,18 @@ def _first(timeline, alert, state):
 
 
 def test_promtool_is_installed():
-    assert promtool_path() is not None, "install promtool: `make system-deps` (Debian package prometheus)"
+    require_component("promtool")
+    assert promtool_path() is not None
 
 
+@pytest.mark.needs("promtool")
 def test_promtool_check_rules_accepts_both_rule_files():
     result = run_promtool("check", "rules", "alerts.yml", "source004_alerts.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 2 rules found" in result.stdout and "SUCCESS: 3 rules found" in result.stdout
 
 
+@pytest.mark.needs("promtool")
 def test_promtool_unit_tests_pass_on_the_replayed_incident():
     result = run_promtool("test", "rules", *(f"tests/{name}" for name in PROMTOOL_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -39,6 +43,7 @@ def test_committed_unit_tests_are_regenerated_identically(tmp_path):
         assert path.read_text() == (PROMETHEUS_DIR / "tests" / name).read_text(), f"regenerate {name}"
 
 
+@pytest.mark.needs("promtool")
 def test_promtool_catches_a_wrong_expectation(tmp_path):
     # Proof that the assertions are live: claim the latency alert is silent at 30m, promtool must object.
     text = (PROMETHEUS_DIR / "tests" / "alerts_test.yml").read_text()
@@ -101,6 +106,7 @@ def test_incident_spec_validates():
         IncidentSpec(incident_start_min=50, rollback_min=40)
 
 
+@pytest.mark.needs("promtool")
 def test_stored_promtool_output_is_what_promtool_says_now():
     from course_lib.operate.promtool import PROMTOOL_OUTPUT, promtool_report
 

@@ -10,7 +10,8 @@ the panel's plot changed and that no widget error shows. Screenshots go to ``bui
 
 The lesson is opened as a copy under ``build/browser/`` so that JupyterLab's autosave never touches the
 committed notebook. Skipped, with the reason, only where Chromium or Playwright is missing
-(``make system-deps`` installs Chromium from Debian's packages).
+(``make system-deps`` installs Chromium from Debian's packages), and failed instead under ``COURSE_CI=1``
+(``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import CHROMIUM, require_component
 
 from course_lib.core.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "build" / "browser"
 CHROMIUM_ARGS = [
     "--headless",
@@ -61,12 +62,6 @@ def lessons_with_panels() -> list[Path]:
 
 PANEL_LESSONS = lessons_with_panels()
 
-pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (`make system-deps` installs chromium)"
-    ),
-]
-
 
 def test_the_panel_lessons_are_found():
     names = [p.name for p in PANEL_LESSONS]
@@ -82,7 +77,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """``make lab`` on a free loopback port with a token; yields (base URL, token); stopped at the end."""
-    pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
+    require_component("chromium")
+    require_component("playwright")
     settings = tmp_path_factory.mktemp("lab-settings")
     tracker = settings / "@jupyterlab" / "notebook-extension"
     tracker.mkdir(parents=True)
@@ -129,7 +125,10 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
+    require_component("chromium")
+    require_component("playwright")
+    from playwright import sync_api  # here, not at the top: a missing Playwright skips (CI: fails) above
+
     with sync_api.sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:

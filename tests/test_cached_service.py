@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from course_lib.measure.experiments import measure_dedup
-from course_lib.serving.cache.redis_server import redis_server, redis_unavailable_reason
+from course_lib.serving.cache.redis_server import redis_server
 from course_lib.serving.cache.service import CACHED_STAGES, CachedChurnService, StoreSnapshot, store_snapshot
 from course_lib.serving.cache.stores import InProcessPredictionCache, RedisPredictionCache
 from course_lib.serving.feature_store import FeatureStore, build_feature_store, make_lookup
@@ -182,10 +182,8 @@ def test_served_over_http_by_the_lesson2_app(store, service):
     assert (stats.hits, stats.misses) == (2, 1)
 
 
+@pytest.mark.needs("redis-server")
 def test_the_same_path_with_redis(store, service):
-    reason = redis_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"Redis path not tested: {reason}")
     with redis_server(max_lifetime_s=120) as server:
         cache = RedisPredictionCache(server.client(), ttl_s=60.0)
         cached = CachedChurnService(service, cache, feature_snapshot=store_snapshot(store))

@@ -34,9 +34,9 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+from conftest import require_component
 
 from course_lib.grading import export_grades_csv, question_scores, run_nbgrader
-from course_lib.grading.sandbox import find_sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 EXERCISES = REPO / "exercises"
@@ -206,8 +206,7 @@ def _grading_command(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def graded(generated, baseline_store) -> dict:
     """Collect the fixture class, autograde each problem set once, write feedback and grades.csv."""
-    check = find_sandbox()
-    assert check.mechanism is not None, f"the grading sandbox must work for this test: {check.reason}"
+    require_component("grading sandbox")
     shutil.copytree(FIXTURES / "submitted", generated / "submitted")
     before = _protected(generated)
     # The instructor's command for one problem set (it checks the sandbox, then runs nbgrader with the
@@ -675,6 +674,7 @@ def test_feedback_says_whether_hidden_checks_passed_and_the_full_version_is_for_
 UNSHARE_CLASS = ("full-marks", "kill-kernel", "exfiltration", "course-lib-tamper", "gradebook-daemon")
 
 
+@pytest.mark.needs("unshare")
 def test_the_unshare_sandbox_grades_like_bubblewrap_and_protects_the_same_files(tmp_path):
     root = _copy_course(tmp_path / "exercises")
     done = run_nbgrader("generate_assignment", "ps1", "--force", course_root=root)

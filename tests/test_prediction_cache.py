@@ -7,13 +7,10 @@ import threading
 
 import cachetools
 import pytest
+from conftest import missing, require_component
 
 from course_lib.core.waiting import wait_until
-from course_lib.serving.cache.redis_server import (
-    RedisUnavailableError,
-    redis_server,
-    redis_unavailable_reason,
-)
+from course_lib.serving.cache.redis_server import RedisUnavailableError, redis_server
 from course_lib.serving.cache.stores import (
     CacheStats,
     InProcessPredictionCache,
@@ -35,14 +32,12 @@ class FakeClock:
 
 @pytest.fixture(scope="module")
 def redis_srv():
-    reason = redis_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"Redis backend not tested: {reason}")
+    require_component("redis-server")
     try:
         with redis_server(max_lifetime_s=300) as server:
             yield server
     except RedisUnavailableError as err:  # pragma: no cover - only where the program exists but fails
-        pytest.skip(f"Redis backend not tested: redis-server could not start: {err}")
+        missing("redis-server", f"redis-server could not start: {err}")
 
 
 @pytest.fixture(params=["in_process", "redis"])
@@ -219,10 +214,8 @@ def test_redis_ttl_is_set_per_key_on_the_server(redis_srv):
     assert cache.stats().misses >= 1
 
 
+@pytest.mark.needs("redis-server")
 def test_redis_evicts_under_maxmemory_and_counts_it():
-    reason = redis_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
     with redis_server(maxmemory_bytes=2_000_000, max_lifetime_s=120) as server:
         cache = RedisPredictionCache(server.client(), ttl_s=600.0, namespace="evict")
         for i in range(40_000):

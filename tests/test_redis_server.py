@@ -17,8 +17,7 @@ from course_lib.serving.cache.redis_server import (
     redis_unavailable_reason,
 )
 
-REASON = redis_unavailable_reason()
-needs_redis = pytest.mark.skipif(REASON is not None, reason=f"no Redis server here: {REASON}")
+needs_redis = pytest.mark.needs("redis-server")
 
 
 def _alive(pid: int) -> bool:

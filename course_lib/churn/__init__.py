@@ -1,5 +1,7 @@
-"""Layer 1, the running example: the Telco data, the feature schema, the churn model, its ONNX export and
-identity, model versions, pruned trees, the neural variant and distillation.
+"""Layer 1, the running example: the data, its schema, the churn model, its ONNX export, versions, variants.
+
+The Telco data, the feature schema, the churn model, its ONNX export and identity, model versions,
+pruned trees, the neural variant and distillation.
 
 Imports only from :mod:`course_lib.core`.
 """

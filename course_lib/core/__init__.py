@@ -1,5 +1,7 @@
-"""Layer 0, what every other layer uses: argument checks, percentiles, the timing harness, waiting on
-events, wording of measured comparisons, plot ticks, the environment report, processes and files.
+"""Layer 0, what every other layer uses: checks, percentiles, timing, waiting, wording, plots, env.
+
+Argument checks, percentiles, the timing harness, waiting on events, wording of measured comparisons,
+plot ticks, the environment report, processes and files.
 
 Imports nothing from the rest of ``course_lib``.
 """

@@ -1,6 +1,8 @@
-"""Layer 4, measuring real servers and models: the open-loop load generator and its targets, rate ladders
-and knees, coordinated omission, HdrHistograms, Locust, the load-test server, batching cost and gain,
-throughput records, cold starts, GC pauses, and the lessons' live experiments.
+"""Layer 4, measuring real servers and models: load generators, knees, histograms, throughput, experiments.
+
+The open-loop load generator and its targets, rate ladders and knees, coordinated omission,
+HdrHistograms, Locust, the load-test server, batching cost and gain, throughput records, cold starts, GC
+pauses, and the lessons' live experiments.
 
 Imports only from the layers below.
 """

@@ -1,6 +1,7 @@
-"""Layer 5, running the service in production: canary and shadow rollouts, drift, the monitored service and
-its Prometheus metrics, ``histogram_quantile``, alert rules and ``promtool``, HPA manifests, a model
-pool.
+"""Layer 5, running the service in production: rollouts, drift, metrics, alert rules, HPA manifests, pools.
+
+Canary and shadow rollouts, drift, the monitored service and its Prometheus metrics,
+``histogram_quantile``, alert rules and ``promtool``, HPA manifests, a model pool.
 
 Imports only from the layers below.
 """

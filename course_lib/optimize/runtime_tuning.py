@@ -1,5 +1,7 @@
-"""ONNX Runtime session settings against latency: graph optimisation level, intra-op threads, and
-what happens when several processes each bring their own thread pool to the same few cores.
+"""ONNX Runtime settings against latency: graph optimisation level, intra-op threads, oversubscription.
+
+Oversubscription is what happens when several processes each bring their own thread pool to the same
+few cores.
 
 Two experiments, both measured for real:
 

@@ -1,6 +1,7 @@
-"""Layer 2, what answers a request: the churn service and its stages, stage profiling, the feature store,
-the server runtime, online (dynamic) batching, the prediction cache, replicas, hedging, fallbacks and
-the capstone's slow baseline.
+"""Layer 2, what answers a request: the service, profiling, features, servers, batching, caches, replicas.
+
+The churn service and its stages, stage profiling, the feature store, the server runtime, online
+(dynamic) batching, the prediction cache, replicas, hedging, fallbacks and the capstone's slow baseline.
 
 Imports only from :mod:`course_lib.core` and :mod:`course_lib.churn`.
 """

@@ -1,4 +1,4 @@
-"""Triton's dynamic-batching rule and the arrival processes that drive it: the one place they live.
+"""Triton's dynamic-batching rule, in one place: the batching simulator and the asyncio batcher share it.
 
 The rule (``next_batch_size``) decides, for a free model instance and a FIFO queue, how many requests
 to send now:

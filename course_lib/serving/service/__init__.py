@@ -1,4 +1,6 @@
-"""The churn scoring service, in three modules; this one re-exports their public names.
+"""The churn scoring service: request stages, the FastAPI app, the HTTP client, strict JSON decoding.
+
+Its private modules; this package re-exports their public names:
 
 * ``course_lib.serving.service._pipeline``: the request's stages (parse, lookup, forward, format), run
   in-process by ``ChurnService``; the model-forward adapters ``native_forward`` / ``onnx_forward``.
