@@ -5,6 +5,12 @@ Every check returns the value, converted (``integer`` -> ``int``, ``number`` -> 
 
     <name> must be <what is allowed>, got <value!r>
 
+The checks: :func:`integer`, :func:`number` (and its common case :func:`positive_number`),
+:func:`one_of`, :func:`callable_`, :func:`non_empty` and :func:`instance_of`. A rule that relates two
+arguments (``min_calls <= max_calls``) is written where it applies, raising ``InvalidArgumentError``
+too; ``tests/test_checks.py`` fails on a new hand-written single-argument check anywhere else in
+``course_lib``. A long value is shown cut to 80 characters.
+
 ``InvalidArgumentError`` subclasses both ``ValueError`` and ``TypeError`` (scikit-learn's
 ``InvalidParameterError`` does the same), so callers that catch either keep working whether the value
 had the wrong type or the wrong size. Integers are ``numbers.Integral`` (``int``, ``numpy.int64``, ...)
@@ -21,32 +27,52 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from typing import Any, TypeVar
 
 __all__ = [
     "InvalidArgumentError",
     "callable_",
+    "instance_of",
     "integer",
+    "non_empty",
     "number",
     "one_of",
     "positive_number",
 ]
 
 T = TypeVar("T")
+S = TypeVar("S", bound=Sized)
+
+#: Longest ``repr`` of a value a message shows; longer ones are cut with "..." (a 10,000-row array
+#: passed as a count must not flood the traceback).
+_SHOWN_CHARS = 80
 
 
 class InvalidArgumentError(ValueError, TypeError):
     """An argument outside what a function accepts; the message names it, the rule and the value."""
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`_SHOWN_CHARS` characters."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def _bound(x: float) -> str:
+    """A bound as written: 1000000 not 1e+06, 0.5 as 0.5, 1e-07 as 1e-07."""
+    if isinstance(x, numbers.Integral) or (math.isfinite(x) and float(x) == int(x) and abs(x) < 1e15):
+        return str(int(x))
+    return f"{x:g}" if float(f"{x:g}") == x else repr(float(x))
+
+
 def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
     """The allowed range in words: " >= 1", " > 0 and <= 1", or "" when unbounded."""
     parts = []
     if low is not None:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
+        parts.append(f"{'>' if low_open else '>='} {_bound(low)}")
     if high is not None:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
+        parts.append(f"{'<' if high_open else '<='} {_bound(high)}")
     return (" " + " and ".join(parts)) if parts else ""
 
 
@@ -78,7 +104,7 @@ def integer(name: str, value: object, *, min: int | None = None, max: int | None
         or ((min is not None and value < min) or (max is not None and value > max))
     ):
         raise InvalidArgumentError(
-            f"{name} must be an integer{_bounds(min, max, False, False)}, got {value!r}"
+            f"{name} must be an integer{_bounds(min, max, False, False)}, got {_shown(value)}"
         )
     return int(value)
 
@@ -120,14 +146,14 @@ def number(
     what = "a finite number" if finite else "a number"
     bounds = _bounds(min, max, min_open, max_open)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {_shown(value)}")
     v = float(value)
     if math.isnan(v) or (finite and math.isinf(v)):
-        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {_shown(value)}")
     if (min is not None and (v < min or (min_open and v == min))) or (
         max is not None and (v > max or (max_open and v == max))
     ):
-        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {_shown(value)}")
     return v
 
 
@@ -163,7 +189,7 @@ def one_of(name: str, value: T, allowed: Iterable[T]) -> T:
     options = tuple(allowed)
     if not any(type(value) is type(option) and value == option for option in options):
         listed = ", ".join(repr(o) for o in options)
-        raise InvalidArgumentError(f"{name} must be one of {listed}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be one of {listed}, got {_shown(value)}")
     return value
 
 
@@ -179,5 +205,61 @@ def callable_(name: str, value: Any) -> Callable[..., Any]:
     True
     """
     if not callable(value):
-        raise InvalidArgumentError(f"{name} must be callable, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be callable, got {_shown(value)}")
     return value
+
+
+def non_empty(name: str, value: S) -> S:
+    """Return ``value`` if it holds at least one item (``len(value) >= 1``).
+
+    For a sequence, mapping, set, array or DataFrame argument that the function cannot work without
+    (no candidates to time, no rows to score). Check the items themselves with the other checks.
+
+    Raises
+    ------
+    InvalidArgumentError
+        "``name`` must be non-empty, got []"; "``name`` must be a sized collection, got 3" when
+        ``value`` has no length.
+
+    >>> non_empty("batch_sizes", [1, 8])
+    [1, 8]
+    """
+    if not isinstance(value, Sized):
+        raise InvalidArgumentError(f"{name} must be a sized collection, got {_shown(value)}")
+    if len(value) == 0:
+        raise InvalidArgumentError(f"{name} must be non-empty, got {_shown(value)}")
+    return value
+
+
+def instance_of(name: str, value: object, types: type[T] | tuple[type, ...]) -> T:
+    """Return ``value`` if it is an instance of ``types`` (one class or a tuple of classes).
+
+    For arguments of a library type (a ``str`` path, an ``onnx.ModelProto``, a ``pandas.DataFrame``);
+    use :func:`integer` and :func:`number` for numbers (they refuse ``bool`` and accept numpy scalars).
+
+    Raises
+    ------
+    InvalidArgumentError
+        "``name`` must be a str, got 3 (int)" (the class names as written, the value and its type).
+
+    >>> instance_of("model_path", "churn.onnx", str)
+    'churn.onnx'
+    """
+    classes = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, classes):
+        names = " or ".join(_class_name(c) for c in classes)
+        raise InvalidArgumentError(
+            f"{name} must be {_article(names)} {names}, got {_shown(value)} ({type(value).__name__})"
+        )
+    return value  # type: ignore[return-value]
+
+
+def _class_name(cls: type) -> str:
+    """``str``, ``pathlib.Path``, ``pandas.DataFrame``: builtins bare, others with their package."""
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__.split('.')[0]}.{cls.__qualname__}"
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1].lower() in "aeiou" else "a"
