@@ -35,6 +35,7 @@ from course_lib.churn.data import (
     load_telco,
 )
 from course_lib.churn.schema import check_frame
+from course_lib.core.checks import InvalidArgumentError, number
 
 __all__ = [
     "DEFAULT_NTHREAD",
@@ -125,11 +126,10 @@ def split_telco(
     ValueError
         If the fractions are outside (0, 1) or leave no training rows.
     """
-    for name, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
-        if not 0 < value < 1:
-            raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    valid_fraction = number("valid_fraction", valid_fraction, min=0, max=1, min_open=True, max_open=True)
+    test_fraction = number("test_fraction", test_fraction, min=0, max=1, min_open=True, max_open=True)
     if valid_fraction + test_fraction >= 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"valid_fraction + test_fraction must be < 1, got {valid_fraction + test_fraction:.3f}"
         )
     rest, test = train_test_split(df, test_size=test_fraction, stratify=df[TARGET_COLUMN], random_state=seed)

@@ -218,8 +218,8 @@ def non_empty(name: str, value: S) -> S:
     Raises
     ------
     InvalidArgumentError
-        "``name`` must be non-empty, got []"; "``name`` must be a sized collection, got 3" when
-        ``value`` has no length.
+        "``name`` must be non-empty, got an empty list"; "``name`` must be a sized collection, got 3"
+        when ``value`` has no length.
 
     >>> non_empty("batch_sizes", [1, 8])
     [1, 8]
@@ -227,7 +227,7 @@ def non_empty(name: str, value: S) -> S:
     if not isinstance(value, Sized):
         raise InvalidArgumentError(f"{name} must be a sized collection, got {_shown(value)}")
     if len(value) == 0:
-        raise InvalidArgumentError(f"{name} must be non-empty, got {_shown(value)}")
+        raise InvalidArgumentError(f"{name} must be non-empty, got an empty {type(value).__name__}")
     return value
 
 
