@@ -159,7 +159,7 @@ def test_handle_async_awaits_a_replaceable_forward(onnx_service):
 
 
 def test_lookup_and_forward_must_be_callables():
-    with pytest.raises(TypeError, match="callables"):
+    with pytest.raises(TypeError, match="lookup must be callable, got None"):
         ChurnService(None, lambda r: r, model_version="x")
 
 

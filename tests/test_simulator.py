@@ -121,7 +121,7 @@ def test_default_preferred_size_is_the_max_batch_size():
         ({"max_queue_delay_ms": float("nan")}, "max_queue_delay_ms must be a finite number >= 0"),
         (
             {"preferred_batch_sizes": [16]},
-            r"preferred_batch_sizes must hold integers in \[1, max_batch_size=8\], got 16",
+            r"preferred_batch_sizes\[0\] must be an integer >= 1 and <= 8, got 16",
         ),
         ({"instances": 0}, "instances must be an integer >= 1, got 0"),
         ({"service_time_ms": -1.0}, "service_time_ms must be a finite number >= 0 ms, got -1.0"),

@@ -255,8 +255,9 @@ def instance_of(name: str, value: object, types: type[T] | tuple[type, ...]) -> 
 
 
 def _class_name(cls: type) -> str:
-    """``str``, ``pathlib.Path``, ``pandas.DataFrame``: builtins bare, others with their package."""
-    if cls.__module__ == "builtins":
+    """``str``, ``pathlib.Path``, ``pandas.DataFrame``: builtins and the course's own classes bare,
+    a library's with its package."""
+    if cls.__module__ == "builtins" or cls.__module__.startswith("course_lib."):
         return cls.__qualname__
     return f"{cls.__module__.split('.')[0]}.{cls.__qualname__}"
 

@@ -31,6 +31,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, positive_number
+
 __all__ = [
     "HedgeStats",
     "HedgedResult",
@@ -129,15 +131,16 @@ async def hedged(
         The primary's error if every copy sent failed.
     """
     if len(replicas) < 2:
-        raise ValueError(f"replicas must hold at least 2 replicas to hedge between, got {len(replicas)}")
+        raise InvalidArgumentError(
+            f"replicas must hold at least 2 replicas to hedge between, got {len(replicas)}"
+        )
     if len(set(map(repr, replicas))) != len(replicas):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"replicas must be distinct (a hedge to the same replica shares its stall): {replicas!r}"
         )
-    if hedge_after_s is not None and not (math.isfinite(hedge_after_s) and hedge_after_s >= 0):
-        raise ValueError(f"hedge_after_s must be a number of seconds >= 0 or None, got {hedge_after_s!r}")
-    if isinstance(primary, bool) or not isinstance(primary, int) or not 0 <= primary < len(replicas):
-        raise ValueError(f"primary must be an index in 0..{len(replicas) - 1}, got {primary!r}")
+    if hedge_after_s is not None:
+        hedge_after_s = positive_number("hedge_after_s", hedge_after_s, allow_zero=True)
+    primary = integer("primary", primary, min=0, max=len(replicas) - 1)
     stats = stats if stats is not None else HedgeStats()
     start = time.perf_counter()
     stats.requests += 1
@@ -212,7 +215,7 @@ class HedgingClient:
 
         urls = list(replica_urls)
         if len(urls) < 2 or len(set(urls)) != len(urls):
-            raise ValueError(f"replica_urls must hold at least 2 distinct URLs, got {urls!r}")
+            raise InvalidArgumentError(f"replica_urls must hold at least 2 distinct URLs, got {urls!r}")
         self.replica_urls = urls
         self.hedge_after_ms = hedge_after_ms
         self.stats = HedgeStats()
@@ -282,10 +285,9 @@ async def fanout_pages(
     ValueError
         If k or n_pages < 1, or ``customer_ids`` is empty.
     """
-    if k < 1 or n_pages < 1 or not customer_ids:
-        raise ValueError(
-            f"k and n_pages must be >= 1 and customer_ids non-empty, got k={k}, n_pages={n_pages}"
-        )
+    k = integer("k", k, min=1)
+    n_pages = integer("n_pages", n_pages, min=1)
+    non_empty("customer_ids", customer_ids)
     page_ms = np.empty(n_pages)
     call_ms = np.empty((n_pages, k))
     for p in range(n_pages):

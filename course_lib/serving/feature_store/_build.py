@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from course_lib.churn.data import (
     CATEGORICAL_LEVELS,
     DATA_DIR,
@@ -29,6 +27,7 @@ from course_lib.churn.data import (
     ID_COLUMN,
     make_customers,
 )
+from course_lib.core.checks import integer
 
 __all__ = [
     "DEFAULT_N_CUSTOMERS",
@@ -62,14 +61,6 @@ def _sql_type(column: str) -> str:
     return "INTEGER NOT NULL"
 
 
-def _check_population(n_customers: object, seed: object) -> tuple[int, int]:
-    if isinstance(n_customers, bool) or not isinstance(n_customers, (int, np.integer)) or n_customers < 1:
-        raise ValueError(f"n_customers must be a positive integer, got {n_customers!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(n_customers), int(seed)
-
-
 def customer_id(index: int, n_customers: int) -> str:
     """The id ``make_customers(n_customers)`` gives its ``index``-th customer (1-based), e.g. ``SC-0000042``.
 
@@ -78,17 +69,16 @@ def customer_id(index: int, n_customers: int) -> str:
     ValueError
         If ``index`` is not in 1..n_customers.
     """
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 1 <= index <= n_customers:
-        raise ValueError(f"index must be an integer in 1..{n_customers}, got {index!r}")
+    index = integer("index", index, min=1, max=n_customers)
     width = max(7, len(str(n_customers)))  # the width make_customers uses
-    return f"SC-{int(index):0{width}d}"
+    return f"SC-{index:0{width}d}"
 
 
 def feature_store_path(
     n_customers: int = DEFAULT_N_CUSTOMERS, seed: int = DEFAULT_SEED, folder: str | Path | None = None
 ) -> Path:
     """Where the store of population (n_customers, seed) lives: ``build/feature_store/`` by default."""
-    n_customers, seed = _check_population(n_customers, seed)
+    n_customers, seed = integer("n_customers", n_customers, min=1), integer("seed", seed, min=0)
     base = Path(folder) if folder is not None else DATA_DIR.parent / "build" / "feature_store"
     return base / f"customers_n{n_customers}_seed{seed}_v{SCHEMA_VERSION}.sqlite"
 
@@ -191,7 +181,7 @@ def build_feature_store(
     ValueError
         If ``n_customers`` or ``seed`` is not a valid integer.
     """
-    n_customers, seed = _check_population(n_customers, seed)
+    n_customers, seed = integer("n_customers", n_customers, min=1), integer("seed", seed, min=0)
     path = feature_store_path(n_customers, seed, folder)
     start = time.perf_counter()
     if not rebuild and _is_complete(path, n_customers, seed):

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from course_lib.churn.data import FEATURE_COLUMNS
 from course_lib.churn.schema import check_records
+from course_lib.core.checks import InvalidArgumentError, callable_
 from course_lib.serving.profiling import RequestProfile
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
 
@@ -143,7 +144,7 @@ def native_forward(pipeline: object) -> Forward:
         If ``pipeline`` has no ``predict_proba``.
     """
     if not hasattr(pipeline, "predict_proba"):
-        raise TypeError(f"pipeline must have predict_proba, got {type(pipeline).__name__}")
+        raise InvalidArgumentError(f"pipeline must have predict_proba, got {type(pipeline).__name__}")
     columns = list(FEATURE_COLUMNS)
 
     def forward(records: list[dict[str, object]]) -> np.ndarray:
@@ -174,7 +175,7 @@ def onnx_forward(scorer: object) -> Forward:
         If ``scorer`` has no ``feeds_from_records``.
     """
     if not hasattr(scorer, "feeds_from_records"):
-        raise TypeError(f"scorer must be an OnnxChurnScorer, got {type(scorer).__name__}")
+        raise InvalidArgumentError(f"scorer must be an OnnxChurnScorer, got {type(scorer).__name__}")
 
     def forward(records: list[dict[str, object]]) -> np.ndarray:
         return scorer.run(scorer.feeds_from_records(records))
@@ -224,8 +225,8 @@ class ChurnService:
         lookup_mode: str = "",
         runtime: str = "",
     ):
-        if not callable(lookup) or not callable(forward):
-            raise TypeError("lookup and forward must both be callables")
+        callable_("lookup", lookup)
+        callable_("forward", forward)
         self.lookup_features = lookup
         self.forward = forward
         self.model_version = model_version
