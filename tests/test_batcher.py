@@ -283,7 +283,11 @@ def test_a_caller_that_gives_up_does_not_disturb_the_others():
         ({"max_queue_delay_ms": -2.0}, ValueError, "max_queue_delay_ms must be a finite number >= 0"),
         ({"max_queue_size": 0}, ValueError, "max_queue_size must be an integer >= 1, got 0"),
         ({"instances": 0}, ValueError, "instances must be an integer >= 1, got 0"),
-        ({"preferred_batch_sizes": [9]}, ValueError, r"preferred_batch_sizes\[0\] must be an integer >= 1 and <= 8, got 9"),
+        (
+            {"preferred_batch_sizes": [9]},
+            ValueError,
+            r"preferred_batch_sizes\[0\] must be an integer >= 1 and <= 8, got 9",
+        ),
         ({"dedup_key": "customer_id"}, TypeError, "dedup_key must be callable"),
     ],
 )
