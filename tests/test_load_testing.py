@@ -370,7 +370,7 @@ def test_lever_configurations_take_turns_and_drop_out_at_their_first_miss(tmp_pa
     assert "generator limit 400 req/s" in record.provenance()
     with pytest.raises(ValueError, match="p99_limit_ms"):
         interleaved_knees(step, capacity_rps, [50], p99_limit_ms=0)
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="names must be non-empty"):
         interleaved_knees(step, [], [50], p99_limit_ms=100.0)
     with pytest.raises(FileNotFoundError, match=r"benchmarks/server_levers\.py"):
         load_lever_record(tmp_path / "missing.json")

@@ -25,7 +25,7 @@ from sklearn.pipeline import Pipeline
 from xgboost import XGBClassifier
 
 from course_lib.churn.model import DEFAULT_NTHREAD, features, labels
-from course_lib.core.checks import InvalidArgumentError, instance_of, integer, positive_number
+from course_lib.core.checks import InvalidArgumentError, instance_of, integer, integers, positive_number
 
 __all__ = ["flattening_point", "prefix_probabilities", "prune_trees", "served_rounds", "trees_curve"]
 
@@ -73,7 +73,7 @@ def _grid(total: int, n_trees: Sequence[int] | None) -> list[int]:
     if n_trees is None:
         grid = [k for k in (10, 20, 30, 40, 50) if k < total] + list(range(100, total, 50))
     else:
-        grid = [integer(f"n_trees[{i}]", k, min=1, max=total) for i, k in enumerate(n_trees)]
+        grid = integers("n_trees", n_trees, min=1, max=total, allow_empty=True)
         if any(b <= a for a, b in itertools.pairwise(grid)):
             raise InvalidArgumentError(f"n_trees must be strictly increasing, got {grid}")
     if not grid or grid[-1] != total:

@@ -5,8 +5,9 @@ Every check returns the value, converted (``integer`` -> ``int``, ``number`` -> 
 
     <name> must be <what is allowed>, got <value!r>
 
-The checks: :func:`integer`, :func:`number` (and its common case :func:`positive_number`),
-:func:`one_of`, :func:`callable_`, :func:`non_empty` and :func:`instance_of`. A rule that relates two
+The checks: :func:`integer` (and :func:`integers` for a sequence of them), :func:`number` (and its
+common case :func:`positive_number`), :func:`one_of`, :func:`callable_`, :func:`non_empty` and
+:func:`instance_of`. A rule that relates two
 arguments (``min_calls <= max_calls``) is written where it applies, raising ``InvalidArgumentError``
 too; ``tests/test_checks.py`` fails on a new hand-written single-argument check anywhere else in
 ``course_lib``. A long value is shown cut to 80 characters.
@@ -35,6 +36,7 @@ __all__ = [
     "callable_",
     "instance_of",
     "integer",
+    "integers",
     "non_empty",
     "number",
     "one_of",
@@ -107,6 +109,36 @@ def integer(name: str, value: object, *, min: int | None = None, max: int | None
             f"{name} must be an integer{_bounds(min, max, False, False)}, got {_shown(value)}"
         )
     return int(value)
+
+
+def integers(
+    name: str,
+    values: Iterable[object],
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    allow_empty: bool = False,
+) -> list[int]:
+    """Return ``values`` as a list of ``int`` if every item passes :func:`integer` (and there is one).
+
+    For a list of batch sizes, cache sizes or tree counts. The message names the first bad item by
+    its position, ``name[i]``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        "``name`` must be non-empty, got an empty list" (unless ``allow_empty``),
+        "``name[2]`` must be an integer >= 1, got 0", or "``name`` must be a sequence of integers, got 3".
+
+    >>> integers("batch_sizes", (1, 8, 64), min=1)
+    [1, 8, 64]
+    """
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidArgumentError(f"{name} must be a sequence of integers, got {_shown(values)}")
+    items = list(values)
+    if not items and not allow_empty:
+        raise InvalidArgumentError(f"{name} must be non-empty, got an empty {type(values).__name__}")
+    return [integer(f"{name}[{i}]", v, min=min, max=max) for i, v in enumerate(items)]
 
 
 def number(

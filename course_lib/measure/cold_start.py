@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty
 from course_lib.core.percentiles import percentile
 from course_lib.core.waiting import wait_until
 from course_lib.serving.replica import ReplicaConfig, ReplicaFiles, ReplicaProcess, start_replica
@@ -111,10 +112,12 @@ def cold_start_table(
     ValueError
         If there are fewer than ``2 * n_first`` ids, or no variant.
     """
-    if not variants:
-        raise ValueError("variants must name at least one ColdStartVariant")
-    if n_first < 1 or len(customer_ids) < 2 * n_first:
-        raise ValueError(f"need at least 2 * n_first = {2 * n_first} customer ids, got {len(customer_ids)}")
+    non_empty("variants", variants)
+    n_first = integer("n_first", n_first, min=1)
+    if len(customer_ids) < 2 * n_first:
+        raise InvalidArgumentError(
+            f"need at least 2 * n_first = {2 * n_first} customer ids, got {len(customer_ids)}"
+        )
 
     def launch(variant: ColdStartVariant) -> ReplicaProcess:
         config = ReplicaConfig(warmup_requests=variant.warmup_requests, gc_freeze=variant.gc_freeze)

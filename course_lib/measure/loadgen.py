@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import integer, number, positive_number
 from course_lib.core.percentiles import percentiles
 from course_lib.simulate.traffic import poisson_arrivals_ms
 
@@ -220,14 +220,12 @@ async def run_open_loop(
     rate = positive_number("rate_rps", rate_rps)
     duration = positive_number("max_duration_s", max_duration_s)
     timeout = positive_number("request_timeout_s", request_timeout_s)
-    if isinstance(spin_s, bool) or not isinstance(spin_s, (int, float)) or not 0 <= spin_s < 1:
-        raise ValueError(f"spin_s must be a number of seconds in [0, 1), got {spin_s!r}")
-    if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 1:
-        raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
+    spin_s = number("spin_s", spin_s, min=0, max=1, max_open=True)
+    n_requests = integer("n_requests", n_requests, min=1)
     if schedule_ms is None:
-        schedule_s = poisson_arrivals_ms(rate, int(n_requests), seed) / 1000.0
+        schedule_s = poisson_arrivals_ms(rate, n_requests, seed) / 1000.0
     else:
-        schedule_s = np.asarray(schedule_ms, dtype=float)[: int(n_requests)] / 1000.0
+        schedule_s = np.asarray(schedule_ms, dtype=float)[:n_requests] / 1000.0
         if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
             raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
         if (np.diff(schedule_s) < 0).any():
@@ -283,4 +281,4 @@ async def run_open_loop(
     if missing:  # every request sent has a row: an answer, a shed, a timeout or an error
         raise RuntimeError(f"{len(missing)} requests have no outcome (first: {missing[:5]})")
     frame = pd.DataFrame(rows)
-    return LoadResult(requests=frame, rate_rps=rate, planned=int(n_requests), wall_s=clock() - start)
+    return LoadResult(requests=frame, rate_rps=rate, planned=n_requests, wall_s=clock() - start)

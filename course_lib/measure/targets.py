@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+from course_lib.core.checks import integer, non_empty
 from course_lib.measure.loadgen import SERVED_FIELDS, HttpStatusError, Send
 
 __all__ = [
@@ -42,8 +43,7 @@ def coroutine_target(
     ValueError
         If ``items`` is empty.
     """
-    if len(items) == 0:
-        raise ValueError("items must hold at least one request payload")
+    non_empty("items", items)
     names = tuple(fields)
 
     async def send(i: int) -> dict[str, Any]:
@@ -140,10 +140,8 @@ def aiohttp_target(
     """
     import aiohttp
 
-    if len(payloads) == 0:
-        raise ValueError("payloads must hold at least one request body")
-    if max_connections < 1:
-        raise ValueError(f"max_connections must be >= 1, got {max_connections!r}")
+    non_empty("payloads", payloads)
+    max_connections = integer("max_connections", max_connections, min=1)
     names = tuple(fields)
 
     @asynccontextmanager

@@ -31,7 +31,7 @@ from course_lib.churn.export import PARITY_ATOL, OnnxChurnScorer, make_session
 from course_lib.churn.model import features
 from course_lib.churn.schema import NUMERIC_SCHEMA
 from course_lib.core.bench import compare_latency
-from course_lib.core.checks import InvalidArgumentError, integer, non_empty, one_of
+from course_lib.core.checks import InvalidArgumentError, integer, integers, non_empty, one_of
 from course_lib.optimize.accuracy_budget import AccuracyBudget, budget_verdicts
 
 __all__ = [
@@ -102,8 +102,7 @@ def variant_latency(
     ValueError
         If ``X`` has fewer rows than the largest batch size or a batch size is below 1.
     """
-    for i, batch in enumerate(non_empty("batch_sizes", batch_sizes)):
-        integer(f"batch_sizes[{i}]", batch, min=1)
+    batch_sizes = integers("batch_sizes", batch_sizes, min=1)
     if len(X) < max(batch_sizes):
         raise InvalidArgumentError(f"X has {len(X)} rows; the largest batch size needs {max(batch_sizes)}")
     columns = {}

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.core.checks import integer, non_empty, number
+from course_lib.core.checks import integer, integers, non_empty, number
 
 __all__ = [
     "FifoCache",
@@ -144,7 +144,7 @@ def hit_rates_from_distances(distances: np.ndarray, sizes: Iterable[int]) -> np.
     ValueError
         If ``distances`` is empty or a size is not a positive integer.
     """
-    checked = [integer(f"sizes[{i}]", s, min=1) for i, s in enumerate(sizes)]
+    checked = integers("sizes", sizes, min=1, allow_empty=True)
     distances = non_empty("distances", np.asarray(distances))
     reused = np.sort(distances[distances >= 0])
     return np.searchsorted(reused, np.asarray(checked), side="left") / len(distances)
@@ -157,10 +157,7 @@ def ideal_hit_rates(weights: np.ndarray, sizes: Iterable[int]) -> np.ndarray:
     of the largest ``size`` of them, the best any cache of that size can do in the long run.
     """
     ordered = np.cumsum(np.sort(np.asarray(weights, dtype=np.float64))[::-1])
-    idx = (
-        np.minimum(np.asarray([integer(f"sizes[{i}]", s, min=1) for i, s in enumerate(sizes)]), len(ordered))
-        - 1
-    )
+    idx = np.minimum(np.asarray(integers("sizes", sizes, min=1, allow_empty=True)), len(ordered)) - 1
     return ordered[idx] / ordered[-1]
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from course_lib.core.checks import integer, positive_number
+from course_lib.core.checks import integer, integers, positive_number
 
 __all__ = ["TRIGGERS", "check_batching_params", "next_batch_size"]
 
@@ -64,10 +64,9 @@ def check_batching_params(
     """
     max_batch_size = integer("max_batch_size", max_batch_size, min=1)
     max_queue_delay_ms = positive_number("max_queue_delay_ms", max_queue_delay_ms, allow_zero=True)
-    preferred = {
-        integer(f"preferred_batch_sizes[{i}]", size, min=1, max=max_batch_size)
-        for i, size in enumerate(preferred_batch_sizes)
-    }
+    preferred = set(
+        integers("preferred_batch_sizes", preferred_batch_sizes, min=1, max=max_batch_size, allow_empty=True)
+    )
     return max_batch_size, max_queue_delay_ms, tuple(sorted(preferred)) or (max_batch_size,)
 
 
