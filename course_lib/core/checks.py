@@ -150,6 +150,7 @@ def number(
     min_open: bool = False,
     max_open: bool = False,
     finite: bool = True,
+    unit: str | None = None,
 ) -> float:
     """Return ``value`` as a ``float`` if it is a real number (not a bool) within the bounds.
 
@@ -164,32 +165,36 @@ def number(
     finite : bool
         Refuse NaN and infinities (default). With ``finite=False`` an infinity is allowed when the
         bounds allow it; NaN is always refused.
+    unit : str, optional
+        What the number counts, for a name that does not say it ("USD per replica-hour"); shown in
+        brackets after the rule.
 
     Raises
     ------
     InvalidArgumentError
-        "``name`` must be a finite number > 0, got nan" (the bounds as given).
+        "``name`` must be a finite number > 0, got nan" (the bounds as given; with ``unit``,
+        "... > 0 (USD per replica-hour), got -1").
 
     >>> number("p99_limit_ms", 25, min=0, min_open=True)
     25.0
     >>> number("q", 0.99, min=0, max=1)
     0.99
     """
-    what = "a finite number" if finite else "a number"
-    bounds = _bounds(min, max, min_open, max_open)
+    rule = f"{'a finite number' if finite else 'a number'}{_bounds(min, max, min_open, max_open)}"
+    message = f"{name} must be {rule}{f' ({unit})' if unit else ''}, got {_shown(value)}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {_shown(value)}")
+        raise InvalidArgumentError(message)
     v = float(value)
     if math.isnan(v) or (finite and math.isinf(v)):
-        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {_shown(value)}")
+        raise InvalidArgumentError(message)
     if (min is not None and (v < min or (min_open and v == min))) or (
         max is not None and (v > max or (max_open and v == max))
     ):
-        raise InvalidArgumentError(f"{name} must be {what}{bounds}, got {_shown(value)}")
+        raise InvalidArgumentError(message)
     return v
 
 
-def positive_number(name: str, value: object, *, allow_zero: bool = False) -> float:
+def positive_number(name: str, value: object, *, allow_zero: bool = False, unit: str | None = None) -> float:
     """Return ``value`` as a float if it is a finite number > 0 (>= 0 with ``allow_zero``).
 
     The common case of :func:`number`.
@@ -204,7 +209,7 @@ def positive_number(name: str, value: object, *, allow_zero: bool = False) -> fl
     >>> positive_number("delay_ms", 0, allow_zero=True)
     0.0
     """
-    return number(name, value, min=0, min_open=not allow_zero)
+    return number(name, value, min=0, min_open=not allow_zero, unit=unit)
 
 
 def one_of(name: str, value: T, allowed: Iterable[T]) -> T:
