@@ -343,7 +343,7 @@ def test_serving_option_keeps_its_as_of_date():
 def test_compare_options_refuses_mixed_currencies_and_duplicate_names():
     with pytest.raises(ValueError, match="currencies"):
         compare_options([kirana_cpu(), kirana_gpu(currency="USD")], peak_rps=10, mean_rps=5)
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(ValueError, match="option names must not repeat an item, got 'CPU replica' twice"):
         compare_options([kirana_cpu(), kirana_cpu()], peak_rps=10, mean_rps=5)
 
 

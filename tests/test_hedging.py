@@ -123,8 +123,8 @@ def test_a_cancelled_caller_cancels_both_copies():
 @pytest.mark.parametrize(
     ("replicas", "kwargs", "message"),
     [
-        ([0], {"hedge_after_s": 0.01}, "at least 2"),
-        (["a", "a"], {"hedge_after_s": 0.01}, "distinct"),
+        ([0], {"hedge_after_s": 0.01}, "replicas must hold at least 2 items, got 1"),
+        (["a", "a"], {"hedge_after_s": 0.01}, "replicas must not repeat an item, got 'a' twice"),
         ([0, 1], {"hedge_after_s": -1.0}, "hedge_after_s"),
         ([0, 1], {"hedge_after_s": 0.01, "primary": 2}, "primary"),
     ],
@@ -138,8 +138,10 @@ def test_bad_arguments_are_refused_with_the_reason(replicas, kwargs, message):
 
 
 def test_hedging_client_needs_two_distinct_urls():
-    with pytest.raises(ValueError, match="2 distinct"):
+    with pytest.raises(ValueError, match="replica_urls must not repeat an item"):
         HedgingClient(["http://127.0.0.1:1", "http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="replica_urls must hold at least 2 items, got 1"):
+        HedgingClient(["http://127.0.0.1:1"])
 
 
 # -- over HTTP, two real replica processes --------------------------------------------------------------

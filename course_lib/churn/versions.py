@@ -53,6 +53,7 @@ from course_lib.churn.model import (
     tenure_band,
 )
 from course_lib.churn.pruning import prune_trees
+from course_lib.core.checks import instance_of
 
 __all__ = [
     "BROKEN_SLICE",
@@ -97,8 +98,7 @@ def stamp_metadata(
     ValueError
         If any value is empty.
     """
-    if content_hash is None:
-        raise ValueError(f"metadata values must be non-empty strings; empty: [{METADATA_MODEL_VERSION!r}]")
+    instance_of("content_hash", content_hash, str)  # its emptiness is refused by stamp_identity
     return stamp_identity(
         model, model_version=content_hash, data_sha256=data_sha256, extra={METADATA_RELEASE: release}
     )

@@ -6,11 +6,11 @@ Every check returns the value, converted (``integer`` -> ``int``, ``number`` -> 
     <name> must be <what is allowed>, got <value!r>
 
 The checks: :func:`integer` (and :func:`integers` for a sequence of them), :func:`number` (and its
-common case :func:`positive_number`), :func:`one_of`, :func:`callable_`, :func:`non_empty` and
-:func:`instance_of`. A rule that relates two
-arguments (``min_calls <= max_calls``) is written where it applies, raising ``InvalidArgumentError``
-too; ``tests/test_checks.py`` fails on a new hand-written single-argument check anywhere else in
-``course_lib``. A long value is shown cut to 80 characters.
+common case :func:`positive_number`), :func:`one_of`, :func:`callable_`, :func:`non_empty`,
+:func:`distinct` and :func:`instance_of`. A rule that relates an argument to another one or to the
+object's state (``min_calls <= max_calls``) is written where it applies, raising
+``InvalidArgumentError`` too; ``tests/test_checks.py`` fails on a new hand-written single-argument
+check anywhere else in ``course_lib``. A long value is shown cut to 80 characters.
 
 ``InvalidArgumentError`` subclasses both ``ValueError`` and ``TypeError`` (scikit-learn's
 ``InvalidParameterError`` does the same), so callers that catch either keep working whether the value
@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 __all__ = [
     "InvalidArgumentError",
     "callable_",
+    "distinct",
     "instance_of",
     "integer",
     "integers",
@@ -246,26 +247,53 @@ def callable_(name: str, value: Any) -> Callable[..., Any]:
     return value
 
 
-def non_empty(name: str, value: S) -> S:
-    """Return ``value`` if it holds at least one item (``len(value) >= 1``).
+def non_empty(name: str, value: S, *, min_items: int = 1) -> S:
+    """Return ``value`` if it holds at least ``min_items`` items (one by default).
 
     For a sequence, mapping, set, array or DataFrame argument that the function cannot work without
-    (no candidates to time, no rows to score). Check the items themselves with the other checks.
+    (no candidates to time, no rows to score, fewer than two replicas to hedge between). Check the
+    items themselves with the other checks.
 
     Raises
     ------
     InvalidArgumentError
-        "``name`` must be non-empty, got an empty list"; "``name`` must be a sized collection, got 3"
-        when ``value`` has no length.
+        "``name`` must be non-empty, got an empty list"; "``name`` must hold at least 2 items, got 1";
+        "``name`` must be a sized collection, got 3" when ``value`` has no length.
 
     >>> non_empty("batch_sizes", [1, 8])
     [1, 8]
     """
     if not isinstance(value, Sized):
         raise InvalidArgumentError(f"{name} must be a sized collection, got {_shown(value)}")
-    if len(value) == 0:
+    if len(value) == 0 and min_items <= 1:
         raise InvalidArgumentError(f"{name} must be non-empty, got an empty {type(value).__name__}")
+    if len(value) < min_items:
+        raise InvalidArgumentError(f"{name} must hold at least {min_items} items, got {len(value)}")
     return value
+
+
+def distinct(name: str, values: Iterable[T], *, key: Callable[[T], Any] | None = None) -> list[T]:
+    """Return ``values`` as a list if no item appears twice (compared with ``==`` and ``hash``).
+
+    For names that key a table, replicas to hedge between, batch sizes to time once each. ``key``
+    compares ``key(item)`` instead (``repr`` for unhashable items).
+
+    Raises
+    ------
+    InvalidArgumentError
+        "``name`` must not repeat an item, got 'a' twice".
+
+    >>> distinct("replica_urls", ["http://a", "http://b"])
+    ['http://a', 'http://b']
+    """
+    items = list(values)
+    seen: set[Any] = set()
+    for item in items:
+        k = item if key is None else key(item)
+        if k in seen:
+            raise InvalidArgumentError(f"{name} must not repeat an item, got {_shown(item)} twice")
+        seen.add(k)
+    return items
 
 
 def instance_of(name: str, value: object, types: type[T] | tuple[type, ...]) -> T:

@@ -19,7 +19,7 @@ from fractions import Fraction
 
 import pandas as pd
 
-from course_lib.core.checks import InvalidArgumentError, instance_of, non_empty
+from course_lib.core.checks import InvalidArgumentError, distinct, instance_of, non_empty
 from course_lib.cost.fleet import _replicas_exact
 from course_lib.cost.inputs import (
     HOURS_PER_MONTH,
@@ -214,9 +214,7 @@ def compare_options(
         For no options, duplicate names, mixed currencies, or any invalid number.
     """
     non_empty("options", options)
-    names = [o.name for o in options]
-    if len(set(names)) != len(names):
-        raise InvalidArgumentError(f"option names must be unique, got {names}")
+    distinct("option names", [o.name for o in options])
     currency = check_same_currency(options)
     rows = []
     for option in options:

@@ -215,10 +215,7 @@ def cost_table(model: Callable[[int], float], batch_sizes: Iterable[int] = (1, 8
     sizes = integers("batch_sizes", batch_sizes, min=1)
     call_ms = []
     for b in [1, *sizes]:
-        ms = float(model(b))
-        if not math.isfinite(ms) or ms <= 0:
-            raise ValueError(f"model({b}) must return a finite call time > 0 ms, got {ms!r}")
-        call_ms.append(ms)
+        call_ms.append(positive_number(f"model({b})", model(b), unit="a call time in ms"))
     single_rate = 1000.0 / call_ms[0]
     table = pd.DataFrame({"batch_size": sizes, "call_ms": call_ms[1:]})
     table["items_per_s"] = 1000.0 * table["batch_size"] / table["call_ms"]

@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import InvalidArgumentError, integer, non_empty, positive_number
+from course_lib.core.checks import distinct, integer, non_empty, positive_number
 
 __all__ = [
     "HedgeStats",
@@ -130,14 +130,8 @@ async def hedged(
     Exception
         The primary's error if every copy sent failed.
     """
-    if len(replicas) < 2:
-        raise InvalidArgumentError(
-            f"replicas must hold at least 2 replicas to hedge between, got {len(replicas)}"
-        )
-    if len(set(map(repr, replicas))) != len(replicas):
-        raise InvalidArgumentError(
-            f"replicas must be distinct (a hedge to the same replica shares its stall): {replicas!r}"
-        )
+    non_empty("replicas", replicas, min_items=2)
+    distinct("replicas", replicas, key=repr)  # a hedge to the same replica shares its stall
     if hedge_after_s is not None:
         hedge_after_s = positive_number("hedge_after_s", hedge_after_s, allow_zero=True)
     primary = integer("primary", primary, min=0, max=len(replicas) - 1)
@@ -213,9 +207,7 @@ class HedgingClient:
     ):
         import httpx
 
-        urls = list(replica_urls)
-        if len(urls) < 2 or len(set(urls)) != len(urls):
-            raise InvalidArgumentError(f"replica_urls must hold at least 2 distinct URLs, got {urls!r}")
+        urls = non_empty("replica_urls", distinct("replica_urls", replica_urls), min_items=2)
         self.replica_urls = urls
         self.hedge_after_ms = hedge_after_ms
         self.stats = HedgeStats()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import InvalidArgumentError, integer, number, one_of, positive_number
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, one_of, positive_number
 from course_lib.simulate.hpa import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
@@ -219,8 +219,8 @@ def simulate_day(cfg: FleetConfig, arrivals: np.ndarray) -> DayResult:
     arrivals give the same result. Raises ``ValueError`` for negative or non-integer arrivals or a day
     shorter than one minute.
     """
-    arrivals = np.asarray(arrivals)
-    if arrivals.ndim != 1 or len(arrivals) < 60 or not np.issubdtype(arrivals.dtype, np.integer):
+    arrivals = non_empty("arrivals", np.asarray(arrivals), min_items=60)  # a minute at least
+    if arrivals.ndim != 1 or not np.issubdtype(arrivals.dtype, np.integer):
         raise ValueError("arrivals must be a 1-D integer array of at least 60 seconds")
     if (arrivals < 0).any():
         raise ValueError("arrivals must be >= 0 requests in every second")

@@ -50,7 +50,14 @@ import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
 from course_lib.core.bench import calls_per_round, interleaved_rounds_ns, p99_median_of_rounds_us
-from course_lib.core.checks import InvalidArgumentError, integer, integers, non_empty, number, positive_number
+from course_lib.core.checks import (
+    distinct,
+    integer,
+    integers,
+    non_empty,
+    number,
+    positive_number,
+)
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -147,12 +154,8 @@ def measure_batch_latency(
         For no candidates, duplicate names, bad batch sizes or bad counts.
     """
     non_empty("candidates", candidates)
-    names = [c.name for c in candidates]
-    if len(set(names)) != len(names):
-        raise InvalidArgumentError(f"candidate names must be unique, got {names}")
-    sizes = sorted(integers("batch_sizes", batch_sizes, min=1))
-    if len(set(sizes)) != len(sizes):
-        raise InvalidArgumentError(f"batch_sizes must not repeat, got {batch_sizes!r}")
+    distinct("candidate names", [c.name for c in candidates])
+    sizes = sorted(distinct("batch_sizes", integers("batch_sizes", batch_sizes, min=1)))
     warmup_calls = integer("warmup_calls", warmup_calls, min=0)
     # the harness's call-count rule checks target_s, rounds and the bounds before anything runs
     calls_per_round(0.0, target_s=target_s, rounds=rounds, min_calls=min_calls, max_calls=max_calls)
