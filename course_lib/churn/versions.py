@@ -53,6 +53,7 @@ from course_lib.churn.model import (
     tenure_band,
 )
 from course_lib.churn.pruning import prune_trees
+from course_lib.core._io import atomic_path
 from course_lib.core.checks import instance_of
 
 __all__ = [
@@ -217,9 +218,8 @@ def build_versions(
             onnx_model = stamp_metadata(
                 pipeline_to_onnx(pipe), release=release, content_hash=content, data_sha256=TELCO_SHA256
             )
-            tmp = path.with_suffix(".tmp")
-            onnx.save(onnx_model, str(tmp))
-            tmp.replace(path)
+            with atomic_path(path) as tmp:
+                onnx.save(onnx_model, str(tmp))
         paths[release] = path
     return paths
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from course_lib.churn.data import (
     ID_COLUMN,
     make_customers,
 )
+from course_lib.core._io import atomic_path, leftover_temporaries
 from course_lib.core.checks import integer
 
 __all__ = [
@@ -132,15 +132,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_temporaries(path: Path) -> list[Path]:
-    """Delete half-written ``<store>.<pid>.<thread>.tmp`` files whose building process has gone.
+    """Delete half-written temporary stores (``course_lib.core._io.atomic_path``) whose builder has gone.
 
     A kernel restarted in the middle of a build leaves its temporary file (~150 MB) behind; a build
     still running in another live process keeps its own.
     """
     removed = []
-    for tmp in path.parent.glob(f"{path.name}.*.tmp"):
-        pid_text = tmp.name[len(path.name) + 1 :].split(".", 1)[0]
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and _pid_alive(int(pid_text)):
+    for tmp, pid in leftover_temporaries(path):
+        if pid != os.getpid() and _pid_alive(pid):
             continue
         tmp.unlink(missing_ok=True)
         removed.append(tmp)
@@ -190,8 +189,13 @@ def build_feature_store(
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp:
+        _write_store(tmp, n_customers, seed)
+    return FeatureStoreBuild(path, n_customers, seed, True, time.perf_counter() - start, path.stat().st_size)
+
+
+def _write_store(tmp: Path, n_customers: int, seed: int) -> None:
+    """The whole SQLite store of ``make_customers(n_customers, seed)`` into the new file ``tmp``."""
     frame = make_customers(n_customers, seed)
     columns: list[list[object]] = [frame[ID_COLUMN].astype(object).tolist()]
     for col in FEATURE_COLUMNS:
@@ -223,5 +227,3 @@ def build_feature_store(
             con.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
     finally:
         con.close()
-    os.replace(tmp, path)
-    return FeatureStoreBuild(path, n_customers, seed, True, time.perf_counter() - start, path.stat().st_size)
