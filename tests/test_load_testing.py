@@ -28,7 +28,7 @@ from course_lib.measure.histograms import (
     worker_samples_vector,
 )
 from course_lib.measure.knee import climb, find_knee, recovery_time_s, rolling_p99, step_row, step_table
-from course_lib.measure.loadgen import HttpStatusError, LoadResult, run_open_loop
+from course_lib.measure.loadgen import LoadResult, run_open_loop
 from course_lib.measure.locust_runner import bucket_response_time_ms, locust_percentile
 from course_lib.measure.server_levers import (
     LEVER_CONFIGS,
@@ -38,6 +38,7 @@ from course_lib.measure.server_levers import (
     save_lever_record,
 )
 from course_lib.measure.source_loadtest import source_load_test, source_percentile
+from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import spike_schedule
 
 

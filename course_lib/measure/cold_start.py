@@ -27,6 +27,7 @@ from course_lib.core.checks import InvalidArgumentError, integer, non_empty
 from course_lib.core.percentiles import percentile
 from course_lib.core.waiting import wait_until
 from course_lib.serving.replica import ReplicaConfig, ReplicaFiles, ReplicaProcess, start_replica
+from course_lib.serving.service import raise_for_status
 
 __all__ = ["ColdStartVariant", "cold_start_table", "first_requests_ms"]
 
@@ -54,8 +55,8 @@ def first_requests_ms(replica: ReplicaProcess, customer_ids: Sequence[str], *, r
     ------
     TimeoutError
         If the replica is not ready within ``ready_timeout_s``.
-    RuntimeError
-        If a request is not answered with 200.
+    course_lib.serving.service.HttpStatusError
+        If a request is not answered with 2xx.
     """
     import httpx
 
@@ -75,8 +76,7 @@ def first_requests_ms(replica: ReplicaProcess, customer_ids: Sequence[str], *, r
             start = time.perf_counter()
             response = client.post("/score", json={"customer_id": customer})
             out[i] = 1000 * (time.perf_counter() - start)
-            if response.status_code != 200:
-                raise RuntimeError(f"request {i} got HTTP {response.status_code}: {response.text[:200]}")
+            raise_for_status(response, where=f"request {i} to {replica.url}")
     return out
 
 

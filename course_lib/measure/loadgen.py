@@ -31,6 +31,7 @@ import pandas as pd
 
 from course_lib.core.checks import integer, number, positive_number
 from course_lib.core.percentiles import percentiles
+from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import poisson_arrivals_ms
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "SEND_LAG_BOUND_MS",
     "SERVED_FIELDS",
     "SPIN_WINDOW_S",
-    "HttpStatusError",
     "LoadResult",
     "Send",
     "outcome_of",
@@ -61,21 +61,16 @@ SEND_LAG_BOUND_MS = 1.0
 SPIN_WINDOW_S = 0.002
 
 
-class HttpStatusError(RuntimeError):
-    """A non-2xx answer: ``status`` (429 and 503 count as shed load) and the ``Retry-After`` header, if any."""
-
-    def __init__(self, status: int, body: str = "", *, retry_after: str | None = None):
-        hint = f" (Retry-After: {retry_after})" if retry_after is not None else ""
-        super().__init__(f"HTTP {status}{hint}: {body[:200]}")
-        self.status = int(status)
-        self.retry_after = retry_after
-
-
 def outcome_of(exc: BaseException) -> str:
-    """Which of ``OUTCOMES`` a failed request ends as: ``timeout``, ``shed`` (HTTP 429/503) or ``error``."""
+    """Which of ``OUTCOMES`` a failed request ends as: ``timeout``, ``shed`` or ``error``.
+
+    ``shed`` is a ``course_lib.serving.service.HttpStatusError`` whose status the server answers when
+    it sheds load (429, 503: ``.shed``), whichever client raised it (an HTTP target, the hedging
+    client after every copy was shed).
+    """
     if isinstance(exc, TimeoutError):
         return "timeout"
-    if isinstance(exc, HttpStatusError) and exc.status in (429, 503):
+    if isinstance(exc, HttpStatusError) and exc.shed:
         return "shed"
     return "error"
 
