@@ -103,6 +103,15 @@ def test_text_is_written_in_the_encoding_asked(tmp_path):
     assert path.read_text(encoding="utf-16") == "₹40\n"
 
 
+def _in_threads(write, n: int) -> None:
+    """Run ``write(0)`` ... ``write(n - 1)`` in ``n`` threads at once and wait for all of them."""
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 def test_two_writers_at_once_both_succeed_with_their_own_temporary_files(tmp_path):
     path = tmp_path / "churn_model.pkl"
     both_open = threading.Barrier(2, timeout=30)
@@ -117,11 +126,7 @@ def test_two_writers_at_once_both_succeed_with_their_own_temporary_files(tmp_pat
         except Exception as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    _in_threads(write, 2)
     assert errors == []
     assert len(set(temporaries)) == 2 and all(t.parent == tmp_path for t in temporaries)
     assert pickle.loads(path.read_bytes())["writer"] in (0, 1)
@@ -141,11 +146,7 @@ def test_many_writers_many_times_leave_one_complete_file(tmp_path):
         except Exception as exc:  # with one shared temporary name, a rename would find its file gone
             errors.append(exc)
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    _in_threads(write, 8)
     assert errors == []
     assert pickle.loads(path.read_bytes())["payload"][-1] == 4999
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
