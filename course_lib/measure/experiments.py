@@ -48,7 +48,8 @@ async def run_hedged_load(
     -------
     (requests, stats)
         ``requests``: one row per request, in request order, with loadgen's columns (``latency_ms``
-        from the scheduled send time, ``ok``, ``error``) plus ``hedged``, ``winner`` and ``primary``
+        from the scheduled send time, ``ok``, ``outcome``, ``error``; a request whose copies were all
+        answered 429/503 is ``"shed"``, not ``"error"``) plus ``hedged``, ``winner`` and ``primary``
         (replica indexes); ``stats``: the client's ``HedgeStats``.
     """
     non_empty("customer_ids", customer_ids)
