@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from course_lib.core._io import atomic_write_text
+
 __all__ = ["LessonResult", "main", "run_lessons"]
 
 
@@ -63,7 +65,7 @@ def run_lessons(
             status = "error: " + (first[-1] if first else type(exc).__name__)[:120]
         nbformat.write(nb, out / path.name)
         body, _ = HTMLExporter().from_notebook_node(nb)
-        (out / path.with_suffix(".html").name).write_text(body, encoding="utf-8")
+        atomic_write_text(out / path.with_suffix(".html").name, body)
         results.append(LessonResult(path.stem, seconds, status))
         print(f"  ran {path.name}: {seconds:.1f} s, {status}", flush=True)
     return results

@@ -68,7 +68,7 @@ def test_bad_budget_raises(bad):
 
 def test_bad_candidates_raise(test_frame):
     df, p = test_frame
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="candidates must be non-empty"):
         slice_auc_drops(df, p, {})
     with pytest.raises(ValueError, match="probabilities for"):
         slice_auc_drops(df, p, {"short": p[:-1]})

@@ -103,7 +103,7 @@ def test_negative_raw_intercept_is_clipped_but_kept_visible():
         ([1, 2], [1.0], "same length"),
         ([4, 4], [1.0, 1.0], "two or more distinct"),
         ([1, 2], [1.0, float("nan")], "finite and > 0"),
-        ([0, 2], [1.0, 2.0], "integers >= 1, got 0"),
+        ([0, 2], [1.0, 2.0], r"batch_sizes\[0\] must be an integer >= 1, got 0"),
     ],
 )
 def test_fit_rejects_bad_input(sizes, times, message):
@@ -129,7 +129,7 @@ def test_measure_call_ms_times_each_batch_size_with_the_prepared_call():
 
 
 def test_measure_call_ms_rejects_zero_rounds():
-    with pytest.raises(ValueError, match="rounds must be >= 1"):
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
         measure_call_ms(lambda b: lambda: None, (1,), rounds=0)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -283,7 +284,11 @@ def test_a_caller_that_gives_up_does_not_disturb_the_others():
         ({"max_queue_delay_ms": -2.0}, ValueError, "max_queue_delay_ms must be a finite number >= 0"),
         ({"max_queue_size": 0}, ValueError, "max_queue_size must be an integer >= 1, got 0"),
         ({"instances": 0}, ValueError, "instances must be an integer >= 1, got 0"),
-        ({"preferred_batch_sizes": [9]}, ValueError, "preferred_batch_sizes must hold integers in"),
+        (
+            {"preferred_batch_sizes": [9]},
+            ValueError,
+            r"preferred_batch_sizes\[0\] must be an integer >= 1 and <= 8, got 9",
+        ),
         ({"dedup_key": "customer_id"}, TypeError, "dedup_key must be callable"),
     ],
 )
@@ -442,3 +447,18 @@ def test_cancelled_requests_never_reach_the_model_and_every_request_is_counted_o
     assert answered == [3 * x for x in kept]
     assert stats.cancelled_by_caller == n - len(kept)
     assert stats.submitted == stats.completed + stats.cancelled_by_caller
+
+
+def test_numpy_integers_are_accepted_as_the_simulator_accepts_them():
+    """The batcher and the simulator read their knobs with one rule (core.checks.integer)."""
+    knobs = {
+        "max_batch_size": np.int64(8),
+        "max_queue_delay_ms": np.float32(1.0),
+        "preferred_batch_sizes": (np.int32(4),),
+        "instances": np.int64(2),
+    }
+    batcher = DynamicBatcher(lambda xs: xs, max_queue_size=np.int64(16), **knobs)
+    assert (batcher.max_batch_size, batcher.preferred_batch_sizes, batcher.instances) == (8, (4,), 2)
+    assert type(batcher.max_batch_size) is int and type(batcher.max_queue_size) is int
+    simulated = simulate_dynamic_batching([0.0, 0.5], service_time_ms=1.0, **knobs)
+    assert len(simulated.requests) == 2 and simulated.params["max_batch_size"] == 8

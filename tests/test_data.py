@@ -108,5 +108,5 @@ def test_make_customers_keeps_the_joint_distribution(telco):
 
 @pytest.mark.parametrize("n", [0, -5, 2.5, "10", True])
 def test_make_customers_rejects_a_bad_size(n, telco):
-    with pytest.raises(ValueError, match="n must be a positive integer"):
+    with pytest.raises(ValueError, match="n must be an integer >= 1"):
         make_customers(n, source=telco)

@@ -93,7 +93,7 @@ def test_records_with_bad_fields_are_rejected(churn_model, onnx_scorer):
         onnx_scorer.feeds_from_records([{**record, "tenure": "12"}])
     with pytest.raises(ValueError, match="unexpected fields"):
         onnx_scorer.feeds_from_records([{**record, "colour": "red"}])
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="records must be non-empty"):
         onnx_scorer.feeds_from_records([])
 
 
@@ -123,7 +123,7 @@ def test_pipeline_to_onnx_is_repeatable(churn_model, onnx_model):
 def test_scorer_rejects_non_dataframes(onnx_scorer):
     with pytest.raises(TypeError, match="DataFrame"):
         onnx_scorer.predict_proba(np.zeros((2, 19)))
-    with pytest.raises(ValueError, match="at least one row"):
+    with pytest.raises(ValueError, match="X must be non-empty"):
         check_parity(None, onnx_scorer, pd.DataFrame())
 
 

@@ -105,7 +105,7 @@ def test_an_unknown_level_or_field_is_refused(record):
         check_records([{**record, "contract": "Three year"}])
     with pytest.raises(ValueError, match="unexpected fields \\['colour'\\]"):
         check_records([{**record, "colour": "red"}])
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="records must be non-empty"):
         check_records([])
 
 

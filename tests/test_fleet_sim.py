@@ -28,7 +28,7 @@ def test_mixture_quantile_with_delay_and_weights():
 
 def test_empty_rows_give_nan_and_bad_q_is_refused():
     assert np.isnan(mixture_quantile_s([[0.0]], [[1.0]], [[0]])[0])
-    with pytest.raises(ValueError, match="fraction"):
+    with pytest.raises(ValueError, match="q must be a finite number > 0 and < 1, got 99"):
         mixture_quantile_s([[0.0]], [[1.0]], [[1]], 99)
 
 
@@ -78,7 +78,7 @@ def test_cost_is_replica_hours_times_price():
 def test_targets_for_utilization_are_consistent():
     t = targets_for_utilization(0.5, 40)
     assert t == {"cpu": 50.0, "rps": 20.0, "queue": 0.5, "p99": pytest.approx(1000 * math.log(100) / 20)}
-    with pytest.raises(ValueError, match="fraction"):
+    with pytest.raises(ValueError, match="utilization must be a finite number > 0 and < 1, got 50"):
         targets_for_utilization(50, 40)
 
 
@@ -102,5 +102,5 @@ def test_traffic_day_is_seeded_and_has_its_spike():
     assert rate.max() == pytest.approx(1.5 * rate[s : s + day.spike_duration_s].max() / 1.5, rel=1e-9)
     with pytest.raises(ValueError, match="hour 0"):
         TrafficDay(shape=((1, 0.5), (24, 0.5)))
-    with pytest.raises(ValueError, match="multiplier"):
+    with pytest.raises(ValueError, match=r"spike_factor must be a finite number >= 1, got 0\.5"):
         TrafficDay(spike_factor=0.5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from course_lib.core.waiting import async_wait_until
@@ -123,8 +124,8 @@ def test_a_cancelled_caller_cancels_both_copies():
 @pytest.mark.parametrize(
     ("replicas", "kwargs", "message"),
     [
-        ([0], {"hedge_after_s": 0.01}, "at least 2"),
-        (["a", "a"], {"hedge_after_s": 0.01}, "distinct"),
+        ([0], {"hedge_after_s": 0.01}, "replicas must hold at least 2 items, got 1"),
+        (["a", "a"], {"hedge_after_s": 0.01}, "replicas must not repeat an item, got 'a' twice"),
         ([0, 1], {"hedge_after_s": -1.0}, "hedge_after_s"),
         ([0, 1], {"hedge_after_s": 0.01, "primary": 2}, "primary"),
     ],
@@ -138,8 +139,10 @@ def test_bad_arguments_are_refused_with_the_reason(replicas, kwargs, message):
 
 
 def test_hedging_client_needs_two_distinct_urls():
-    with pytest.raises(ValueError, match="2 distinct"):
+    with pytest.raises(ValueError, match="replica_urls must not repeat an item"):
         HedgingClient(["http://127.0.0.1:1", "http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="replica_urls must hold at least 2 items, got 1"):
+        HedgingClient(["http://127.0.0.1:1"])
 
 
 # -- over HTTP, two real replica processes --------------------------------------------------------------
@@ -212,3 +215,84 @@ def test_run_hedged_load_records_each_request_in_order_with_its_primary(slow_and
     summary = hedging_summary(requests, stats)
     assert summary["errors"] == 0 and summary["p50"] <= summary["p99"] <= summary["p99.9"]
     assert summary["extra_requests"] == stats.hedges / 8 >= 0.5
+
+
+# -- over HTTP, real servers that shed load with a 503 --------------------------------------------------
+def _score_app(status: int):
+    """A real ASGI app whose ``POST /score`` answers ``status``: 503 with ``Retry-After`` as an
+    overloaded server sheds a request, 200 with a score otherwise."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def score(request):
+        customer_id = (await request.json())["customer_id"]
+        if status == 200:
+            return JSONResponse({"customer_id": customer_id, "churn_probability": 0.25})
+        return JSONResponse(
+            {"error": "overloaded", "message": "queue full, try again"},
+            status_code=status,
+            headers={"retry-after": "1"},
+        )
+
+    return Starlette(routes=[Route("/score", score, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def shedding_servers():
+    from course_lib.serving.server import serve_in_thread
+
+    with (
+        serve_in_thread(_score_app(503), max_lifetime_s=120) as shed_a,
+        serve_in_thread(_score_app(503), max_lifetime_s=120) as shed_b,
+        serve_in_thread(_score_app(200), max_lifetime_s=120) as ok,
+    ):
+        yield shed_a.url, shed_b.url, ok.url
+
+
+def test_a_hedged_request_every_replica_sheds_counts_as_shed_not_as_an_error(shedding_servers):
+    from course_lib.measure.experiments import run_hedged_load
+    from course_lib.serving.hedging import hedging_summary
+    from course_lib.serving.service import HttpStatusError
+
+    shed_a, shed_b, _ = shedding_servers
+
+    async def one():
+        async with HedgingClient([shed_a, shed_b], hedge_after_ms=50.0) as client:
+            return await client.score("SC-0000001", request_id="one")
+
+    with pytest.raises(HttpStatusError, match=r"replica \d answered HTTP 503 \(Retry-After: 1\)") as err:
+        run(one())
+    assert err.value.shed and err.value.retry_after == "1"
+
+    requests, stats = run(
+        run_hedged_load(
+            [shed_a, shed_b], ["SC-0000001"], hedge_after_ms=50.0, n_requests=6, rate_rps=100, seed=0
+        )
+    )
+    assert requests["outcome"].tolist() == ["shed"] * 6
+    summary = hedging_summary(requests, stats)
+    assert (summary["shed"], summary["errors"]) == (6, 0)
+    assert np.isnan(summary["p99"])  # no request was answered
+    # each primary was shed at once, so its hedge went at once and was shed too
+    assert (stats.sent, stats.hedges, stats.failed_calls, stats.shed_calls) == (12, 6, 12, 12)
+
+
+def test_a_request_shed_by_its_primary_is_answered_by_the_hedge_at_once(shedding_servers):
+    from course_lib.measure.experiments import run_hedged_load
+    from course_lib.serving.hedging import hedging_summary
+
+    shed, _, ok = shedding_servers
+    # a hedge delay far beyond the load generator's 5 s request timeout: a request that waited for it
+    # would end as a timeout, so "ok" means the shed answer triggered the hedge without waiting
+    requests, stats = run(
+        run_hedged_load(
+            [shed, ok], ["SC-0000001"], hedge_after_ms=60_000.0, n_requests=6, rate_rps=100, seed=0
+        )
+    )
+    assert requests["outcome"].tolist() == ["ok"] * 6
+    assert requests["primary"].tolist() == [0, 1] * 3
+    assert requests.loc[requests["primary"] == 0, "hedged"].all() and (requests["winner"] == 1).all()
+    assert not requests.loc[requests["primary"] == 1, "hedged"].any()
+    assert (stats.hedges, stats.shed_calls, stats.hedge_wins) == (3, 3, 3)
+    assert (hedging_summary(requests, stats)["shed"], hedging_summary(requests, stats)["errors"]) == (0, 0)

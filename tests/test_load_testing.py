@@ -28,7 +28,7 @@ from course_lib.measure.histograms import (
     worker_samples_vector,
 )
 from course_lib.measure.knee import climb, find_knee, recovery_time_s, rolling_p99, step_row, step_table
-from course_lib.measure.loadgen import HttpStatusError, LoadResult, run_open_loop
+from course_lib.measure.loadgen import LoadResult, run_open_loop
 from course_lib.measure.locust_runner import bucket_response_time_ms, locust_percentile
 from course_lib.measure.server_levers import (
     LEVER_CONFIGS,
@@ -38,6 +38,7 @@ from course_lib.measure.server_levers import (
     save_lever_record,
 )
 from course_lib.measure.source_loadtest import source_load_test, source_percentile
+from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import spike_schedule
 
 
@@ -370,7 +371,7 @@ def test_lever_configurations_take_turns_and_drop_out_at_their_first_miss(tmp_pa
     assert "generator limit 400 req/s" in record.provenance()
     with pytest.raises(ValueError, match="p99_limit_ms"):
         interleaved_knees(step, capacity_rps, [50], p99_limit_ms=0)
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="names must be non-empty"):
         interleaved_knees(step, [], [50], p99_limit_ms=100.0)
     with pytest.raises(FileNotFoundError, match=r"benchmarks/server_levers\.py"):
         load_lever_record(tmp_path / "missing.json")

@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.measure.loadgen import SPIN_WINDOW_S, run_open_loop
+from course_lib.measure.loadgen import SPIN_WINDOW_S, outcome_of, run_open_loop
 from course_lib.measure.rate_sweep import capacity_table, sustainable_rate, sweep_rates
 from course_lib.measure.targets import batcher_target, coroutine_target
 from course_lib.serving.batching.batcher import DynamicBatcher
+from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import poisson_arrivals_ms
 
 
@@ -121,7 +122,7 @@ def test_bad_load_parameters_are_rejected(kwargs, message):
 
 
 def test_targets_need_at_least_one_payload():
-    with pytest.raises(ValueError, match="items must hold at least one"):
+    with pytest.raises(ValueError, match="items must be non-empty"):
         coroutine_target(instant, [])
 
 
@@ -211,7 +212,7 @@ def test_capacity_table_reports_the_highest_rung_met_and_the_gain():
     assert table.loc["many", "first_failed_rps"] == 200.0
     assert table.loc["many", "mean_batch_size"] == 3.0
     assert table.loc["many", "gain"] == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="baseline 'none' is not one of the targets"):
+    with pytest.raises(ValueError, match=r"baseline must be one of .*, got 'none'"):
         capacity_table(sweep, baseline="none")
 
 
@@ -237,9 +238,9 @@ def test_capacity_table_divides_by_the_best_of_several_baselines():
     table = capacity_table(sweep, baseline=["thread", "loop"])
     assert table.attrs["baseline"] == "loop"
     assert table["gain"].to_dict() == {"thread": 0.0, "loop": 1.0, "many": 2.0}
-    with pytest.raises(ValueError, match="baseline 'none' is not one of the targets"):
+    with pytest.raises(ValueError, match=r"baseline must be one of .*, got 'none'"):
         capacity_table(sweep, baseline=["loop", "none"])
-    with pytest.raises(ValueError, match="baseline is empty"):
+    with pytest.raises(ValueError, match="baseline must be non-empty"):
         capacity_table(sweep, baseline=[])
 
 
@@ -299,3 +300,28 @@ def test_negative_retries_are_rejected():
 
     with pytest.raises(ValueError, match="retries must be an integer >= 0, got -1"):
         run(sweep_rates({"a": factory}, [10.0], p99_limit_ms=10.0, duration_s=0.1, retries=-1))
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"), [(503, "shed"), (429, "shed"), (500, "error"), (404, "error")]
+)
+def test_a_non_2xx_answer_is_shed_only_for_429_and_503(status, outcome):
+    err = HttpStatusError(status, "queue full", retry_after="1", where="replica 0")
+    assert err.shed is (outcome == "shed") and err.status == status
+    assert outcome_of(err) == outcome
+    assert str(err) == f"replica 0 answered HTTP {status} (Retry-After: 1): queue full"
+    assert outcome_of(TimeoutError()) == "timeout" and outcome_of(ConnectionError()) == "error"
+
+
+def test_a_shed_answer_keeps_its_latency_and_is_counted_as_shed():
+    async def send(i):
+        if i % 2:
+            raise HttpStatusError(503, "full", retry_after="1")
+        return {}
+
+    result = run(run_open_loop(send, rate_rps=500, n_requests=10, max_duration_s=5, seed=0))
+    frame = result.requests.sort_values("request_id")
+    assert frame["outcome"].tolist() == ["ok", "shed"] * 5
+    assert frame["latency_ms"].notna().all()  # the time it took to be refused
+    summary = result.summary()
+    assert (summary["ok"], summary["shed"], summary["other_errors"]) == (5, 5, 0)

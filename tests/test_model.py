@@ -102,34 +102,6 @@ def test_the_cache_key_changes_with_library_versions_and_training_code(monkeypat
     assert model.model_cache_key() != key  # an edit to the preprocessing code retrains
 
 
-def test_concurrent_cache_writers_use_their_own_temporary_files(tmp_path):
-    import pickle
-    import threading
-
-    from course_lib.churn.model import _write_pickle_atomically
-
-    path = tmp_path / "churn_model_x.pkl"
-    barrier, errors = threading.Barrier(8), []
-
-    def write(i: int) -> None:
-        barrier.wait()
-        try:
-            for _ in range(20):
-                _write_pickle_atomically({"writer": i, "payload": list(range(5000))}, path)
-        except Exception as exc:  # with one shared temp name, a rename finds its file gone
-            errors.append(exc)
-
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
-    with path.open("rb") as fh:
-        assert pickle.load(fh)["payload"][-1] == 4999  # a complete file from one writer
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
-
-
 def test_load_or_train_reuses_the_cache_named_by_the_key(tmp_path, monkeypatch):
     import pickle
 

@@ -6,13 +6,15 @@ import numpy as np
 import onnx
 import pytest
 
-from course_lib.churn.model import features
+from course_lib.churn.model import features, tenure_band
 from course_lib.churn.versions import (
+    BROKEN_SLICE,
     METADATA_DATA_SHA256,
     METADATA_MODEL_VERSION,
     METADATA_RELEASE,
     RELEASES,
     ModelVersionError,
+    _broken_training_data,
     build_versions,
     load_version,
     load_versions,
@@ -77,3 +79,20 @@ def test_versions_really_differ(versions, churn_model):
     # the broken data pipeline under-predicts churn of first-year customers; v1 does not
     assert abs(p["v1"][new].mean() - observed) < 0.05
     assert observed - p["v2-broken"][new].mean() > 0.15
+
+
+def test_the_broken_pipeline_loses_churners_of_broken_slice_only(churn_model):
+    """``BROKEN_SLICE`` names the slice v2-broken's training data lost two thirds of its churners in."""
+    column, band = BROKEN_SLICE
+    before = churn_model.split.train.assign(**{column: lambda d: tenure_band(d["tenure"]).astype(str)})
+    after = _broken_training_data(churn_model).assign(
+        **{column: lambda d: tenure_band(d["tenure"]).astype(str)}
+    )
+    churners = {
+        name: frame[frame["churn"].astype(bool)].groupby(column).size()
+        for name, frame in (("before", before), ("after", after))
+    }
+    lost = churners["before"] - churners["after"].reindex(churners["before"].index, fill_value=0)
+    assert set(lost[lost > 0].index) == {band}
+    assert lost[band] == churners["before"][band] - churners["before"][band] // 3
+    assert len(before) - len(after) == lost[band]  # non-churners and other slices are untouched

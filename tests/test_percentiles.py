@@ -83,7 +83,7 @@ def test_nan_samples_raise_and_say_how_many():
 
 @pytest.mark.parametrize("q", [-0.1, 100.5, float("nan"), "99", None, True])
 def test_q_outside_0_100_or_not_a_number_is_rejected(q):
-    with pytest.raises(ValueError, match="q must be a number in"):
+    with pytest.raises(ValueError, match="q must be a finite number >= 0 and <= 100"):
         percentile([1.0, 2.0], q)
 
 

@@ -116,7 +116,7 @@ def test_empty_budget_refuses_to_summarise_instead_of_reporting_zero():
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
 def test_invalid_targets_are_rejected(bad):
-    with pytest.raises(ValueError, match="finite and >= 0"):
+    with pytest.raises(ValueError, match="target_p99_ms must be a finite number >= 0"):
         LatencyBudget(target_p99_ms=bad)
 
 
@@ -192,12 +192,12 @@ def test_recording_a_stage_twice_raises_instead_of_double_counting():
 
 @pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf")])
 def test_negative_or_non_finite_durations_are_rejected(bad):
-    with pytest.raises(ValueError, match="finite and >= 0"):
+    with pytest.raises(ValueError, match="duration_ms must be a finite number >= 0"):
         RequestProfile("r1").add_stage("parse", bad)
 
 
 def test_non_numeric_duration_is_a_type_error():
-    with pytest.raises(TypeError, match="number of milliseconds"):
+    with pytest.raises(TypeError, match="duration_ms must be a finite number >= 0, got '3 ms'"):
         RequestProfile("r1").add_stage("parse", "3 ms")
 
 
@@ -244,7 +244,7 @@ def test_profile_requests_stops_at_its_time_limit_and_says_so(monkeypatch):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"keys": []}, "keys is empty"),
+        ({"keys": []}, "keys must be non-empty"),
         ({"warmup_requests": -1}, "warmup_requests"),
         ({"time_limit_s": 0}, "time_limit_s"),
     ],

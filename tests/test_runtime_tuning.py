@@ -43,7 +43,7 @@ def test_tuning_table_rejects_bad_settings(tree_file, feeds):
         tuning_table(tree_file, {2: feeds[1]})
     with pytest.raises(ValueError, match="intra_op_num_threads"):
         tuning_table(tree_file, feeds, intra_op_threads=(-1,))
-    with pytest.raises(ValueError, match="at least one batch"):
+    with pytest.raises(ValueError, match="feeds_by_batch must be non-empty"):
         tuning_table(tree_file, {})
 
 
@@ -56,7 +56,7 @@ def test_oversubscription_table_merges_workers_samples(tree_file, feeds):
 
 
 def test_oversubscription_rejects_bad_configs(tree_file, feeds):
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="configs must be non-empty"):
         oversubscription_table(tree_file, feeds[1], [])
     with pytest.raises(ValueError, match=">= 1"):
         oversubscription_table(tree_file, feeds[1], [(0, 1)])

@@ -58,7 +58,7 @@ def test_server_timing_parser_ignores_optional_whitespace_anywhere_the_grammar_a
 
 @pytest.mark.parametrize("name", ["", "two words", "dur;x", 7])
 def test_metric_names_must_be_tokens(name):
-    with pytest.raises(ValueError, match="metric name must be a non-empty token"):
+    with pytest.raises(ValueError, match=r"metric name must be (a str|a non-empty token)"):
         format_server_timing({name: 1.0})
     with pytest.raises(ValueError, match="stage name"):
         check_metric_name(name, what="stage name")
@@ -66,5 +66,5 @@ def test_metric_names_must_be_tokens(name):
 
 @pytest.mark.parametrize(("ms", "error"), [(-1.0, ValueError), (float("nan"), ValueError), ("3", TypeError)])
 def test_durations_must_be_finite_non_negative_numbers(ms, error):
-    with pytest.raises(error, match="duration_ms"):
+    with pytest.raises(error, match=r"stages_ms\['db'\] must be a finite number >= 0"):
         format_server_timing({"db": ms})

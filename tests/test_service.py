@@ -25,9 +25,11 @@ from course_lib.serving.service import (
     STAGES,
     ChurnClient,
     ChurnService,
+    HttpStatusError,
     create_app,
     native_forward,
     onnx_forward,
+    run_without_event_loop,
 )
 
 N_CUSTOMERS = 5_000
@@ -159,7 +161,7 @@ def test_handle_async_awaits_a_replaceable_forward(onnx_service):
 
 
 def test_lookup_and_forward_must_be_callables():
-    with pytest.raises(TypeError, match="callables"):
+    with pytest.raises(TypeError, match="lookup must be callable, got None"):
         ChurnService(None, lambda r: r, model_version="x")
 
 
@@ -226,6 +228,13 @@ def test_oversized_chunked_body_without_length_gets_413(server, client, expected
 def test_4xx_answers_carry_the_server_timing_of_the_stages_that_ran(client):
     response = client.post(body_of({"customer_id": "SC-0999999"}))
     assert list(parse_server_timing(response.headers["server-timing"])) == ["parse", "lookup"]
+
+
+def test_timed_score_raises_the_one_non_2xx_error_with_the_status(client):
+    assert tuple(client.timed_score("SC-0000001").stages_ms) == STAGES
+    with pytest.raises(HttpStatusError, match=r"HTTP 404: .*not in the feature store") as err:
+        client.timed_score("SC-0999999")
+    assert (err.value.status, err.value.shed) == (404, False)
 
 
 def test_healthz_reports_the_model_version(server, churn_model):
@@ -411,3 +420,30 @@ def test_the_service_modules_keep_every_public_name_importable_from_course_lib_s
     for module in (app, client, pipeline, strict_json):
         for name in module.__all__:
             assert getattr(service, name) is getattr(module, name), name
+
+
+def test_handle_runs_the_stages_without_an_event_loop_even_inside_a_running_one(onnx_service):
+    body = body_of({"customer_id": "SC-0000042"})
+
+    async def inside_a_loop():  # a notebook's kernel runs its own loop while a cell calls handle()
+        return onnx_service.handle(body)
+
+    assert asyncio.run(inside_a_loop()).status_code == onnx_service.handle(body).status_code == 200
+
+
+def test_a_coroutine_that_suspends_is_refused_and_closed():
+    closed = []
+
+    async def waits():
+        try:
+            await asyncio.sleep(0)
+        finally:
+            closed.append(True)
+
+    async def returns():
+        return 7
+
+    assert run_without_event_loop(returns()) == 7
+    with pytest.raises(RuntimeError, match="needs an event loop"):
+        run_without_event_loop(waits())
+    assert closed == [True]

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core._io import REPO_ROOT
+from course_lib.core.checks import integer
 
 __all__ = [
     "BINARY_COLUMNS",
@@ -250,8 +251,7 @@ def make_customers(n: int, seed: int = 0, *, source: pd.DataFrame | None = None)
     ValueError
         If ``n`` is not a positive integer.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer number of customers, got {n!r}")
+    n = integer("n", n, min=1)
     src = load_telco() if source is None else source
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, len(src), size=int(n))

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +33,8 @@ from course_lib.churn.data import (
     load_telco,
 )
 from course_lib.churn.schema import check_frame
+from course_lib.core._io import atomic_path
+from course_lib.core.checks import InvalidArgumentError, number
 
 __all__ = [
     "DEFAULT_NTHREAD",
@@ -125,11 +125,10 @@ def split_telco(
     ValueError
         If the fractions are outside (0, 1) or leave no training rows.
     """
-    for name, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
-        if not 0 < value < 1:
-            raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    valid_fraction = number("valid_fraction", valid_fraction, min=0, max=1, min_open=True, max_open=True)
+    test_fraction = number("test_fraction", test_fraction, min=0, max=1, min_open=True, max_open=True)
     if valid_fraction + test_fraction >= 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"valid_fraction + test_fraction must be < 1, got {valid_fraction + test_fraction:.3f}"
         )
     rest, test = train_test_split(df, test_size=test_fraction, stratify=df[TARGET_COLUMN], random_state=seed)
@@ -354,22 +353,6 @@ def model_cache_key() -> str:
     return digest.hexdigest()[:10]
 
 
-def _write_pickle_atomically(obj: object, path: Path) -> None:
-    """Pickle ``obj`` to a unique temporary file beside ``path``, then rename it over ``path``.
-
-    Two processes writing the same cache at once each use their own temporary file, and the rename is
-    atomic: a reader sees the old file or a complete new one, never a half-written one.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pickle.dump(obj, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def load_or_train_churn_model(cache_dir: str | Path = "build/models") -> ChurnModel:
     """The course model from ``cache_dir`` if a previous lesson saved it, else train it and save it.
 
@@ -388,5 +371,6 @@ def load_or_train_churn_model(cache_dir: str | Path = "build/models") -> ChurnMo
             return pickle.load(fh)
     model = train_churn_model()
     folder.mkdir(parents=True, exist_ok=True)
-    _write_pickle_atomically(model, path)
+    with atomic_path(path) as tmp, open(tmp, "xb") as fh:  # two kernels training at once: both finish
+        pickle.dump(model, fh)
     return model

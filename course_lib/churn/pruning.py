@@ -25,6 +25,7 @@ from sklearn.pipeline import Pipeline
 from xgboost import XGBClassifier
 
 from course_lib.churn.model import DEFAULT_NTHREAD, features, labels
+from course_lib.core.checks import InvalidArgumentError, instance_of, integer, integers, positive_number
 
 __all__ = ["flattening_point", "prefix_probabilities", "prune_trees", "served_rounds", "trees_curve"]
 
@@ -54,8 +55,7 @@ def served_rounds(xgb: XGBClassifier) -> int:
     XGBoost documentation, "Early Stopping" and ``XGBModel._get_iteration_range`` (xgboost/sklearn.py);
     dmlc/xgboost#8034 (``inplace_predict`` ignores ``best_iteration``).
     """
-    if not isinstance(xgb, XGBClassifier):
-        raise ValueError(f"xgb must be a fitted XGBClassifier, got {type(xgb).__name__}")
+    instance_of("xgb", xgb, XGBClassifier)
     booster = xgb.get_booster()
     total = int(booster.num_boosted_rounds())
     best = booster.attr("best_iteration")
@@ -73,12 +73,9 @@ def _grid(total: int, n_trees: Sequence[int] | None) -> list[int]:
     if n_trees is None:
         grid = [k for k in (10, 20, 30, 40, 50) if k < total] + list(range(100, total, 50))
     else:
-        grid = [int(k) for k in n_trees]
-        bad = [k for k in grid if not 1 <= k <= total]
-        if bad:
-            raise ValueError(f"n_trees must lie in [1, {total}] (the model's trees), got {bad}")
+        grid = integers("n_trees", n_trees, min=1, max=total, allow_empty=True)
         if any(b <= a for a, b in itertools.pairwise(grid)):
-            raise ValueError(f"n_trees must be strictly increasing, got {grid}")
+            raise InvalidArgumentError(f"n_trees must be strictly increasing, got {grid}")
     if not grid or grid[-1] != total:
         grid.append(total)
     return grid
@@ -170,10 +167,9 @@ def flattening_point(
     ValueError
         For a negative tolerance or a curve without the ``roc_auc``/``log_loss`` columns.
     """
-    if auc_tolerance < 0 or (log_loss_tolerance is not None and log_loss_tolerance < 0):
-        raise ValueError(
-            f"tolerances must be >= 0, got auc_tolerance={auc_tolerance}, log_loss_tolerance={log_loss_tolerance}"
-        )
+    auc_tolerance = positive_number("auc_tolerance", auc_tolerance, allow_zero=True)
+    if log_loss_tolerance is not None:
+        log_loss_tolerance = positive_number("log_loss_tolerance", log_loss_tolerance, allow_zero=True)
     missing = {"roc_auc", "log_loss"} - set(curve.columns)
     if missing or curve.empty:
         raise ValueError(f"curve must come from trees_curve (missing columns {sorted(missing)} or no rows)")
@@ -197,9 +193,8 @@ def prune_trees(pipeline: Pipeline, n_trees: int, *, nthread: int = DEFAULT_NTHR
         If the pipeline has no fitted XGBoost step or ``n_trees`` is outside [1, served trees] (:func:`served_rounds`).
     """
     total = _booster_rounds(pipeline)
-    if isinstance(n_trees, bool) or not isinstance(n_trees, (int, np.integer)) or not 1 <= n_trees <= total:
-        raise ValueError(f"n_trees must be an integer in [1, {total}], got {n_trees!r}")
-    sliced = pipeline.named_steps["xgb"].get_booster()[: int(n_trees)]
+    n_trees = integer("n_trees", n_trees, min=1, max=total)
+    sliced = pipeline.named_steps["xgb"].get_booster()[:n_trees]
     sliced.set_attr(best_iteration=None, best_score=None)  # the prefix serves all of its own trees
     small = XGBClassifier()
     small.load_model(bytearray(sliced.save_raw(raw_format="ubj")))

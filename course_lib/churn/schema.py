@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.churn.data import BINARY_COLUMNS, CATEGORICAL_LEVELS, FEATURE_COLUMNS
+from course_lib.core.checks import instance_of, non_empty
 
 __all__ = [
     "NUMERIC_SCHEMA",
@@ -152,8 +153,7 @@ def check_records(records: Sequence[Mapping[str, object]]) -> None:
     ValueError
         An empty list, or a record with a missing or unexpected key.
     """
-    if not records:
-        raise ValueError("records must hold at least one customer dict")
+    non_empty("records", records)
     expected = set(FEATURE_COLUMNS)
     for i, record in enumerate(records):
         row = i if len(records) > 1 else None
@@ -182,8 +182,7 @@ def check_frame(X: pd.DataFrame) -> None:
     TypeError
         If ``X`` is not a DataFrame.
     """
-    if not isinstance(X, pd.DataFrame):
-        raise TypeError(f"X must be a pandas DataFrame of the 19 feature columns, got {type(X).__name__}")
+    instance_of("X", X, pd.DataFrame)
     for name in FEATURE_COLUMNS:
         if name not in X.columns:
             raise ValueError(f"missing column {name!r}; the model expects {list(FEATURE_COLUMNS)}")

@@ -26,6 +26,14 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import (
+    InvalidArgumentError,
+    callable_,
+    integer,
+    non_empty,
+    one_of,
+    positive_number,
+)
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -78,10 +86,8 @@ def time_calls_ns(fn: Callable[[], object], n_calls: int, *, warmup_calls: int =
     >>> time_calls_ns(lambda: None, 3, warmup_calls=1).shape
     (3,)
     """
-    if n_calls < 1:
-        raise ValueError(f"n_calls must be >= 1, got {n_calls}")
-    if warmup_calls < 0:
-        raise ValueError(f"warmup_calls must be >= 0, got {warmup_calls}")
+    n_calls = integer("n_calls", n_calls, min=1)
+    warmup_calls = integer("warmup_calls", warmup_calls, min=0)
     for _ in range(warmup_calls):
         fn()
     out = np.empty(n_calls, dtype=np.int64)
@@ -128,14 +134,13 @@ def calls_per_round(
     >>> calls_per_round(1.0, target_s=1.0, rounds=5, min_calls=3)
     3
     """
-    if not target_s > 0:
-        raise ValueError(f"target_s must be > 0 seconds, got {target_s!r}")
-    if not (isinstance(rounds, int) and rounds >= 1):
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-    if not 1 <= min_calls <= max_calls:
-        raise ValueError(f"need 1 <= min_calls <= max_calls, got {min_calls} and {max_calls}")
-    if not seconds_per_call >= 0:
-        raise ValueError(f"seconds_per_call must be >= 0 seconds, got {seconds_per_call!r}")
+    target_s = positive_number("target_s", target_s)
+    rounds = integer("rounds", rounds, min=1)
+    min_calls = integer("min_calls", min_calls, min=1)
+    max_calls = integer("max_calls", max_calls, min=1)
+    if max_calls < min_calls:
+        raise InvalidArgumentError(f"max_calls must be >= min_calls={min_calls}, got {max_calls}")
+    seconds_per_call = positive_number("seconds_per_call", seconds_per_call, allow_zero=True)
     return int(np.clip(target_s / (rounds * max(seconds_per_call, 1e-7)), min_calls, max_calls))
 
 
@@ -181,14 +186,13 @@ def interleaved_rounds_ns(
     >>> {name: s.shape for name, s in samples.items()}
     {'a': (3, 4), 'b': (3, 4)}
     """
-    if not candidates:
-        raise ValueError("candidates must name at least one callable")
-    if not (isinstance(rounds, int) and rounds >= 1):
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-    if not (isinstance(warmup_calls, int) and warmup_calls >= 0):
-        raise ValueError(f"warmup_calls must be an integer >= 0, got {warmup_calls!r}")
-    if n_calls is not None and not (isinstance(n_calls, (int, np.integer)) and n_calls >= 1):
-        raise ValueError(f"n_calls must be an integer >= 1 or None, got {n_calls!r}")
+    non_empty("candidates", candidates)
+    for key, fn in candidates.items():
+        callable_(f"candidates[{key!r}]", fn)
+    rounds = integer("rounds", rounds, min=1)
+    warmup_calls = integer("warmup_calls", warmup_calls, min=0)
+    if n_calls is not None:
+        n_calls = integer("n_calls", n_calls, min=1)
     for fn in candidates.values():
         for _ in range(warmup_calls):
             fn()
@@ -235,10 +239,9 @@ def p99_median_of_rounds_us(rounds_ns: Sequence[np.ndarray] | np.ndarray) -> flo
     >>> p99_median_of_rounds_us([[1000, 2000], [3000, 4000], [5000, 9_000_000]])
     4.0
     """
-    if len(rounds_ns) == 0 or any(len(r) == 0 for r in rounds_ns):
-        raise ValueError(
-            f"rounds_ns must hold at least one non-empty round, got sizes {[len(r) for r in rounds_ns]}"
-        )
+    non_empty("rounds_ns", rounds_ns)
+    for i, r in enumerate(rounds_ns):
+        non_empty(f"rounds_ns[{i}]", r)
     return float(np.median([percentile(np.asarray(r) / 1e3, 99) for r in rounds_ns]))
 
 
@@ -282,13 +285,10 @@ def compare_latency(
     ValueError
         For no candidates, an unknown baseline, or counts below 1.
     """
-    if not candidates:
-        raise ValueError("candidates must name at least one callable")
-    base = baseline if baseline is not None else next(iter(candidates))
-    if base not in candidates:
-        raise ValueError(f"baseline {base!r} is not one of {list(candidates)}")
-    if n_calls is not None and not (isinstance(n_calls, (int, np.integer)) and n_calls >= 1):
-        raise ValueError(f"n_calls must be >= 1, got {n_calls}")
+    non_empty("candidates", candidates)
+    base = one_of("baseline", baseline, candidates) if baseline is not None else next(iter(candidates))
+    if n_calls is not None:
+        n_calls = integer("n_calls", n_calls, min=1)
     samples = interleaved_rounds_ns(
         candidates, n_calls=n_calls, rounds=rounds, warmup_calls=warmup_calls, target_s=target_s
     )

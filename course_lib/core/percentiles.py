@@ -23,6 +23,8 @@ from typing import Literal
 
 import numpy as np
 
+from course_lib.core.checks import integer, number, one_of
+
 __all__ = ["METHODS", "fanout_tail_probability", "nearest_rank_position", "percentile", "percentiles"]
 
 Method = Literal["nearest-rank", "linear"]
@@ -45,8 +47,7 @@ def _as_samples(samples: Iterable[float] | np.ndarray) -> np.ndarray:
 
 def _check_q(q: float, name: str = "q") -> float:
     """q as a percentage in [0, 100]; a fraction such as 0.99 is refused, q == 1 warns."""
-    if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) or not 0 <= q <= 100:
-        raise ValueError(f"{name} must be a number in [0, 100] (e.g. 99 for p99), got {q!r}")
+    q = number(name, q, min=0, max=100)
     if 0 < q < 1:
         raise ValueError(
             f"{name}={q!r} looks like a fraction, but {name} is a percentage in [0, 100]: "
@@ -59,7 +60,7 @@ def _check_q(q: float, name: str = "q") -> float:
             UserWarning,
             stacklevel=3,
         )
-    return float(q)
+    return q
 
 
 def _nearest_rank(q: float, n: int) -> int:
@@ -93,9 +94,8 @@ def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method =
     if method == "nearest-rank":
         ordered = np.sort(arr)
         return float(ordered[_nearest_rank(qf, len(ordered)) - 1])
-    if method == "linear":
-        return float(np.percentile(arr, qf, method="linear"))
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    one_of("method", method, METHODS)
+    return float(np.percentile(arr, qf, method="linear"))
 
 
 def percentiles(
@@ -144,6 +144,5 @@ def fanout_tail_probability(k: int, q: float = 99.0) -> float:
         If ``k`` is not an integer >= 1, ``q`` is outside [0, 100], or ``q`` is a fraction in (0, 1)
         such as 0.99 ("did you mean 99?"). q == 1 warns.
     """
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer number of parallel calls >= 1, got {k!r}")
-    return 1.0 - (_check_q(q) / 100.0) ** int(k)
+    k = integer("k", k, min=1)
+    return 1.0 - (_check_q(q) / 100.0) ** k

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from course_lib.core.checks import InvalidArgumentError, one_of
+
 __all__ = ["log_ticks", "set_log_ticks"]
 
 _COARSE = (1.0, 2.0, 5.0)
@@ -37,7 +39,7 @@ def log_ticks(low: float, high: float, *, min_ticks: int = 4) -> list[float]:
         If ``low`` is not positive or ``high`` < ``low``.
     """
     if not (math.isfinite(low) and math.isfinite(high)) or low <= 0 or high < low:
-        raise ValueError(f"need 0 < low <= high (finite), got low={low!r}, high={high!r}")
+        raise InvalidArgumentError(f"need 0 < low <= high (finite), got low={low!r}, high={high!r}")
     ticks: list[float] = []
     for series in (_COARSE, _FINE):
         ticks = [
@@ -55,8 +57,7 @@ def set_log_ticks(ax: Any, low: float, high: float, *, axis: str = "x", min_tick
     """Put :func:`log_ticks` on ``ax``'s ``axis`` ("x" or "y") as plain numbers; minor labels off."""
     from matplotlib.ticker import NullFormatter
 
-    if axis not in ("x", "y"):
-        raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
+    one_of("axis", axis, ("x", "y"))
     ticks = log_ticks(low, high, min_ticks=min_ticks)
     target = ax.xaxis if axis == "x" else ax.yaxis
     (ax.set_xticks if axis == "x" else ax.set_yticks)(ticks, [f"{t:g}" for t in ticks])

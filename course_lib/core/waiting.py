@@ -13,16 +13,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from course_lib.core.checks import InvalidArgumentError, positive_number
+
 __all__ = ["async_wait_until", "wait_until"]
 
 T = TypeVar("T")
 
 
 def _check(timeout_s: float, interval_s: float) -> None:
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    positive_number("timeout_s", timeout_s)
     if not 0 < interval_s <= timeout_s:
-        raise ValueError(f"interval_s must be in (0, timeout_s={timeout_s}] seconds, got {interval_s!r}")
+        raise InvalidArgumentError(
+            f"interval_s must be in (0, timeout_s={timeout_s}] seconds, got {interval_s!r}"
+        )
 
 
 def wait_until(

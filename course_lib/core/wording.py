@@ -7,16 +7,9 @@ printed sentence stays true whichever way the run went.
 
 from __future__ import annotations
 
-import math
+from course_lib.core.checks import integer, positive_number
 
 __all__ = ["ratio_phrase"]
-
-
-def _check(name: str, value: float) -> float:
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
 
 
 def ratio_phrase(
@@ -54,9 +47,9 @@ def ratio_phrase(
     ValueError
         If ``before`` or ``after`` is negative or not finite, or ``digits`` is negative.
     """
-    before, after = _check("before", before), _check("after", after)
-    if digits < 0:
-        raise ValueError(f"digits must be >= 0, got {digits!r}")
+    before = positive_number("before", before, allow_zero=True)
+    after = positive_number("after", after, allow_zero=True)
+    digits = integer("digits", digits, min=0)
     if before == after:
         return same
     if after == 0:

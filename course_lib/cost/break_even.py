@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from course_lib.core.checks import instance_of
 from course_lib.cost.inputs import check_headroom, check_utilization
 from course_lib.cost.options import ServingOption, check_same_currency
 
@@ -115,9 +116,8 @@ def break_even_rps(
         For mixed currencies, an invalid ``headroom``/``target_utilization``, or options so close in
         cost per unit of capacity that more than 250,000 replica steps would have to be checked.
     """
-    for label, option in (("option_a", option_a), ("option_b", option_b)):
-        if not isinstance(option, ServingOption):
-            raise TypeError(f"{label} must be a ServingOption, got {type(option).__name__}")
+    instance_of("option_a", option_a, ServingOption)
+    instance_of("option_b", option_b, ServingOption)
     check_same_currency([option_a, option_b])
     grow = 1 + check_headroom(headroom)
     util = check_utilization(target_utilization)

@@ -17,25 +17,15 @@ course_lib.cost: replicas_needed, plan_serving, cost_per_million_at_full_use.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import numpy as np
 
+from course_lib.core.checks import number
 from course_lib.cost import ServingOption, cost_per_million_at_full_use, plan_serving
+from course_lib.cost.inputs import check_headroom, check_utilization
 
 __all__ = ["cost_per_million_curve", "full_use_level_per_million"]
-
-
-def _peak_to_mean(value: float) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 1
-    ):
-        raise ValueError(f"peak_to_mean must be a number >= 1 (peak traffic / mean traffic), got {value!r}")
-    return float(value)
 
 
 def cost_per_million_curve(
@@ -69,7 +59,7 @@ def cost_per_million_curve(
         For ``peak_to_mean`` < 1 or any value ``plan_serving`` refuses (a percentage passed as
         headroom, a non-positive peak).
     """
-    ratio = _peak_to_mean(peak_to_mean)
+    ratio = number("peak_to_mean", peak_to_mean, min=1, unit="peak traffic / mean traffic")
     return np.array(
         [
             plan_serving(
@@ -98,10 +88,8 @@ def full_use_level_per_million(
     ValueError
         For ``peak_to_mean`` < 1, negative ``headroom`` or ``target_utilization`` outside (0, 1].
     """
-    ratio = _peak_to_mean(peak_to_mean)
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom <= 10:
-        raise ValueError(f"headroom must be a fraction in [0, 10] (0.3 for 30%), got {headroom!r}")
-    if not 0 < target_utilization <= 1:
-        raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization!r}")
+    ratio = number("peak_to_mean", peak_to_mean, min=1, unit="peak traffic / mean traffic")
+    grow = 1 + float(check_headroom(headroom))
+    utilization = float(check_utilization(target_utilization))
     full_use = cost_per_million_at_full_use(option.hourly_price, option.rps_per_replica)
-    return full_use * (1 + headroom) * ratio / target_utilization
+    return full_use * grow * ratio / utilization

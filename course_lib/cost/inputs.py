@@ -8,10 +8,11 @@ Each number is read as the decimal it prints as (``str(float(x))``) and returned
 
 from __future__ import annotations
 
-import math
 import numbers
 import re
 from fractions import Fraction
+
+from course_lib.core.checks import InvalidArgumentError, instance_of, integer, number, positive_number
 
 __all__ = [
     "HOURS_PER_MONTH",
@@ -50,77 +51,65 @@ def check_number(name: str, value: object, unit: str) -> Fraction:
 
     Raises
     ------
-    TypeError
-        If ``value`` is not a real number.
-    ValueError
-        If it is not finite.
+    course_lib.core.checks.InvalidArgumentError
+        (a TypeError and a ValueError) If ``value`` is not a finite real number; the message names
+        ``name``, the value and ``unit``.
 
     Examples
     --------
     >>> check_number("price", 0.17, "currency per hour")
     Fraction(17, 100)
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{name} must be a number in {unit}, got {value!r} ({type(value).__name__}); "
-            "pass the number alone, the unit is part of the parameter's name"
-        )
-    if isinstance(value, numbers.Integral):
-        return Fraction(int(value))
-    as_float = float(value)
-    if not math.isfinite(as_float):
-        raise ValueError(f"{name} must be a finite number in {unit}, got {value!r}")
-    return Fraction(str(as_float))
+    return _exact(number(name, value, unit=unit), value)
+
+
+def _exact(as_float: float, value: object) -> Fraction:
+    """An integer exactly; any other real as the decimal it prints as."""
+    return Fraction(int(value)) if isinstance(value, numbers.Integral) else Fraction(str(as_float))
 
 
 def check_positive(name: str, value: object, unit: str) -> Fraction:
-    exact = check_number(name, value, unit)
-    if exact <= 0:
-        raise ValueError(f"{name} must be > 0 ({unit}), got {value!r}")
-    return exact
+    """``value`` > 0 as an exact Fraction (:func:`check_number`)."""
+    return _exact(positive_number(name, value, unit=unit), value)
 
 
 def check_non_negative(name: str, value: object, unit: str) -> Fraction:
-    exact = check_number(name, value, unit)
-    if exact < 0:
-        raise ValueError(f"{name} must be >= 0 ({unit}), got {value!r}")
-    return exact
+    """``value`` >= 0 as an exact Fraction (:func:`check_number`)."""
+    return _exact(positive_number(name, value, allow_zero=True, unit=unit), value)
 
 
 def check_at_most(name: str, exact: Fraction, value: object, limit: float, why: str) -> Fraction:
-    if exact > limit:
-        raise ValueError(f"{name} must be <= {limit:g} ({why}), got {value!r}")
+    """``exact`` (the checked ``value``) if it is <= ``limit``; ``why`` says where the limit comes from."""
+    number(name, value, max=limit, unit=why)
     return exact
 
 
 def check_headroom(value: object) -> Fraction:
-    exact = check_non_negative("headroom", value, "a fraction of peak traffic, 0.3 for 30%")
-    if exact > _MAX_HEADROOM:
-        raise ValueError(
-            f"headroom must be a fraction between 0 and {_MAX_HEADROOM:g} (0.3 means 30% above peak), "
-            f"got {value!r}; did you pass a percentage?"
-        )
-    return exact
+    """Spare capacity above the peak as a fraction in [0, 10]: 0.3 for 30 % (a percentage is refused)."""
+    return _exact(
+        number("headroom", value, min=0, max=_MAX_HEADROOM, unit="a fraction of peak traffic, 0.3 for 30%"),
+        value,
+    )
 
 
 def check_utilization(value: object) -> Fraction:
-    exact = check_number("target_utilization", value, "a fraction of one replica's capacity")
-    if not 0 < exact <= 1:
-        raise ValueError(
-            f"target_utilization must be in (0, 1] (0.7 means run replicas at 70% of their measured "
-            f"capacity), got {value!r}"
-        )
-    return exact
+    """The share of a replica's measured capacity it runs at, in (0, 1]: 0.7 for 70 %."""
+    return _exact(
+        number(
+            "target_utilization",
+            value,
+            min=0,
+            max=1,
+            min_open=True,
+            unit="a fraction of one replica's measured capacity, 0.7 for 70%",
+        ),
+        value,
+    )
 
 
 def check_min_replicas(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(
-            f"min_replicas must be a whole number (int) >= 1, got {value!r} ({type(value).__name__})"
-        )
-    if value < 1:
-        raise ValueError(f"min_replicas must be >= 1 (a service needs a replica to answer), got {value!r}")
-    return int(value)
+    """Replicas that always run: an integer >= 1 (a service needs a replica to answer)."""
+    return integer("min_replicas", value, min=1)
 
 
 def check_hours_per_month(value: object) -> Fraction:
@@ -132,6 +121,6 @@ def check_hours_per_month(value: object) -> Fraction:
 
 def check_currency(value: object) -> str:
     """An ISO 4217 code (three capital letters, e.g. "USD", "INR"); ValueError naming the value otherwise."""
-    if not isinstance(value, str) or not _CURRENCY.match(value):
-        raise ValueError(f"currency must be an ISO 4217 code such as 'USD' or 'INR', got {value!r}")
+    if not _CURRENCY.match(instance_of("currency", value, str)):
+        raise InvalidArgumentError(f"currency must be an ISO 4217 code such as 'USD' or 'INR', got {value!r}")
     return value

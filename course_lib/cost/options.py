@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import pandas as pd
 
+from course_lib.core.checks import InvalidArgumentError, distinct, instance_of, non_empty
 from course_lib.cost.fleet import _replicas_exact
 from course_lib.cost.inputs import (
     HOURS_PER_MONTH,
@@ -72,20 +73,22 @@ class ServingOption:
     currency: str = "USD"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        if not instance_of("name", self.name, str).strip():
+            raise InvalidArgumentError(f"name must not be blank, got {self.name!r}")
         check_positive("hourly_price", self.hourly_price, f"{self.currency} per replica-hour")
         check_positive("rps_per_replica", self.rps_per_replica, "requests per second per replica")
         check_min_replicas(self.min_replicas)
         if self.price_as_of is not None and (
             not isinstance(self.price_as_of, _dt.date) or isinstance(self.price_as_of, _dt.datetime)
         ):
-            raise TypeError(
+            raise InvalidArgumentError(
                 f"price_as_of must be a datetime.date (or None for an undated illustrative price), "
                 f"got {self.price_as_of!r}"
             )
-        if not isinstance(self.source, str) or not self.source.strip():
-            raise ValueError(f"source must say where the price and throughput come from, got {self.source!r}")
+        if not instance_of("source", self.source, str).strip():
+            raise InvalidArgumentError(
+                f"source must say where the price and throughput come from, got {self.source!r}"
+            )
         check_currency(self.currency)
 
     @property
@@ -147,12 +150,11 @@ def plan_serving(
     ValueError
         For any invalid number (see :func:`replicas_needed`) or ``mean_rps`` > ``peak_rps``.
     """
-    if not isinstance(option, ServingOption):
-        raise TypeError(f"option must be a ServingOption, got {type(option).__name__}")
+    instance_of("option", option, ServingOption)
     peak = check_positive("peak_rps", peak_rps, "requests per second")
     mean = check_positive("mean_rps", mean_rps, "average requests per second")
     if mean > peak:
-        raise ValueError(f"mean_rps ({mean_rps!r}) cannot exceed peak_rps ({peak_rps!r})")
+        raise InvalidArgumentError(f"mean_rps ({mean_rps!r}) cannot exceed peak_rps ({peak_rps!r})")
     hours = check_hours_per_month(hours_per_month)
     price = Fraction(str(float(option.hourly_price)))
     capacity = Fraction(str(float(option.rps_per_replica)))
@@ -211,11 +213,8 @@ def compare_options(
     ValueError
         For no options, duplicate names, mixed currencies, or any invalid number.
     """
-    if not options:
-        raise ValueError("options must hold at least one ServingOption")
-    names = [o.name for o in options]
-    if len(set(names)) != len(names):
-        raise ValueError(f"option names must be unique, got {names}")
+    non_empty("options", options)
+    distinct("option names", [o.name for o in options])
     currency = check_same_currency(options)
     rows = []
     for option in options:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core.bench import interleaved_rounds_ns
+from course_lib.core.checks import integer, integers, positive_number
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -39,16 +40,6 @@ __all__ = [
 
 #: Batch sizes the lesson measures: powers of two from 1 to 1024.
 DEFAULT_BATCH_SIZES: tuple[int, ...] = tuple(2**k for k in range(11))
-
-
-def _check_batch_sizes(batch_sizes: Iterable[int], name: str = "batch_sizes") -> list[int]:
-    sizes = list(batch_sizes)
-    if not sizes:
-        raise ValueError(f"{name} must hold at least one batch size")
-    for b in sizes:
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-            raise ValueError(f"{name} must hold integers >= 1, got {b!r}")
-    return [int(b) for b in sizes]
 
 
 @dataclass(frozen=True)
@@ -75,18 +66,13 @@ class LinearCostModel:
     per_item_ms: float
 
     def __post_init__(self) -> None:
-        for name in ("overhead_ms", "per_item_ms"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-                raise TypeError(f"{name} must be a number of milliseconds, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0 ms, got {value!r}")
+        positive_number("overhead_ms", self.overhead_ms, allow_zero=True)
+        positive_number("per_item_ms", self.per_item_ms, allow_zero=True)
 
     def __call__(self, batch_size: int) -> float:
         """Call time in ms for ``batch_size`` items (an integer >= 1)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        return float(self.overhead_ms + self.per_item_ms * int(batch_size))
+        batch_size = integer("batch_size", batch_size, min=1)
+        return float(self.overhead_ms + self.per_item_ms * batch_size)
 
     @property
     def max_items_per_s(self) -> float:
@@ -174,7 +160,7 @@ def fit_linear_cost(
     ValueError
         Mismatched lengths, fewer than two distinct batch sizes, or non-finite / non-positive times.
     """
-    sizes = np.asarray(_check_batch_sizes(batch_sizes), dtype=float)
+    sizes = np.asarray(integers("batch_sizes", batch_sizes, min=1), dtype=float)
     y = np.asarray(call_ms, dtype=float).ravel()
     if y.shape != sizes.shape:
         raise ValueError(f"batch_sizes and call_ms must have the same length, got {sizes.size} and {y.size}")
@@ -226,13 +212,10 @@ def cost_table(model: Callable[[int], float], batch_sizes: Iterable[int] = (1, 8
     Source lesson 001, table for ``5 + 0.2 x batch``: 1 -> 5.2 ms, 192/s; 8 -> 6.6 ms, 1,212/s, 6.3x;
     32 -> 11.4 ms, 2,807/s, 14.6x; 128 -> 30.6 ms, 4,183/s, 21.8x.
     """
-    sizes = _check_batch_sizes(batch_sizes)
+    sizes = integers("batch_sizes", batch_sizes, min=1)
     call_ms = []
     for b in [1, *sizes]:
-        ms = float(model(b))
-        if not math.isfinite(ms) or ms <= 0:
-            raise ValueError(f"model({b}) must return a finite call time > 0 ms, got {ms!r}")
-        call_ms.append(ms)
+        call_ms.append(positive_number(f"model({b})", model(b), unit="a call time in ms"))
     single_rate = 1000.0 / call_ms[0]
     table = pd.DataFrame({"batch_size": sizes, "call_ms": call_ms[1:]})
     table["items_per_s"] = 1000.0 * table["batch_size"] / table["call_ms"]
@@ -276,11 +259,9 @@ def measure_call_ms(
     ValueError
         For a batch size below 1 or ``n_calls`` / ``rounds`` below 1.
     """
-    sizes = _check_batch_sizes(batch_sizes)
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    if n_calls < 1:
-        raise ValueError(f"n_calls must be >= 1, got {n_calls}")
+    sizes = integers("batch_sizes", batch_sizes, min=1)
+    rounds = integer("rounds", rounds, min=1)
+    n_calls = integer("n_calls", n_calls, min=1)
     samples = interleaved_rounds_ns(
         {b: make_call(b) for b in sizes}, n_calls=n_calls, rounds=rounds, warmup_calls=warmup_calls
     )

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, positive_number
+
 __all__ = [
     "GainVerdict",
     "amdahl_bound",
@@ -88,8 +90,7 @@ def gain_verdict(capacity: pd.DataFrame, baselines: Sequence[str], batched: str)
         If a name is not in ``capacity`` or ``baselines`` is empty. A baseline that met the limit at
         no rung (sustained 0 req/s) gives ``ratio`` NaN and only the lower end ``low``.
     """
-    if not baselines:
-        raise ValueError("baselines is empty: name at least one one-call-per-request target")
+    non_empty("baselines", baselines)
     best = max(baselines, key=lambda name: _rung(capacity, name, "sustained_rps"))
     base, base_fail = _rung(capacity, best, "sustained_rps"), _rung(capacity, best, "first_failed_rps")
     top, top_fail = _rung(capacity, batched, "sustained_rps"), _rung(capacity, batched, "first_failed_rps")
@@ -146,8 +147,7 @@ def gain_texts(capacity: pd.DataFrame, baselines: Sequence[str]) -> pd.Series:
     ValueError
         As :func:`gain_verdict`: an unknown name or no baseline.
     """
-    if not baselines:
-        raise ValueError("baselines is empty: name at least one one-call-per-request target")
+    non_empty("baselines", baselines)
     none_met = max(_rung(capacity, name, "sustained_rps") for name in baselines) <= 0
     texts = {
         name: "no baseline met the limit"
@@ -176,26 +176,16 @@ def amdahl_bound(
     ValueError
         For a negative or non-finite time, a non-positive call time, or ``batch_size`` < 1.
     """
-    for name, value in (
-        ("per_request_ms", per_request_ms),
-        ("call_ms_batch_1", call_ms_batch_1),
-        ("call_ms_batch", call_ms_batch),
-    ):
-        if not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a finite time in ms >= 0, got {value!r}")
-    if call_ms_batch_1 <= 0 or call_ms_batch <= 0:
-        raise ValueError(
-            f"model call times must be > 0 ms, got m(1)={call_ms_batch_1!r}, m(b)={call_ms_batch!r}"
-        )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    per_request_ms = positive_number("per_request_ms", per_request_ms, allow_zero=True)
+    call_ms_batch_1 = positive_number("call_ms_batch_1", call_ms_batch_1)
+    call_ms_batch = positive_number("call_ms_batch", call_ms_batch)
+    batch_size = integer("batch_size", batch_size, min=1)
     return (per_request_ms + call_ms_batch_1) / (per_request_ms + call_ms_batch / batch_size)
 
 
 def bound_verdict(verdict: GainVerdict, bound: float) -> str:
     """Where an Amdahl ``bound`` lies relative to the interval of a measured gain, in words."""
-    if not math.isfinite(bound) or bound <= 0:
-        raise ValueError(f"bound must be a positive finite gain, got {bound!r}")
+    bound = positive_number("bound", bound)
     interval = f"[{verdict.low:.2f}x, {'open' if math.isinf(verdict.high) else f'{verdict.high:.2f}x'}]"
     if verdict.low > bound:
         return (
@@ -230,10 +220,10 @@ async def median_round_trip_ms(
     ValueError
         If ``payloads`` is empty or ``n_requests <= warmup_requests``.
     """
-    if not payloads:
-        raise ValueError("payloads is empty")
-    if n_requests <= warmup_requests or warmup_requests < 0:
-        raise ValueError(
+    non_empty("payloads", payloads)
+    warmup_requests = integer("warmup_requests", warmup_requests, min=0)
+    if n_requests <= warmup_requests:
+        raise InvalidArgumentError(
             f"need n_requests > warmup_requests >= 0, got {n_requests!r} and {warmup_requests!r}"
         )
     samples = []

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
+from course_lib.core._io import atomic_write_text
 from course_lib.core.env import env_report
 
 __all__ = [
@@ -113,7 +114,7 @@ def write_measurement(path: str | Path, schema: str, **fields: object) -> Path:
     }
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(out, json.dumps(payload, indent=1) + "\n")
     return out
 
 

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty
 from course_lib.core.percentiles import percentile
 from course_lib.core.waiting import wait_until
 from course_lib.serving.replica import ReplicaConfig, ReplicaFiles, ReplicaProcess, start_replica
+from course_lib.serving.service import raise_for_status
 
 __all__ = ["ColdStartVariant", "cold_start_table", "first_requests_ms"]
 
@@ -53,8 +55,8 @@ def first_requests_ms(replica: ReplicaProcess, customer_ids: Sequence[str], *, r
     ------
     TimeoutError
         If the replica is not ready within ``ready_timeout_s``.
-    RuntimeError
-        If a request is not answered with 200.
+    course_lib.serving.service.HttpStatusError
+        If a request is not answered with 2xx.
     """
     import httpx
 
@@ -74,8 +76,7 @@ def first_requests_ms(replica: ReplicaProcess, customer_ids: Sequence[str], *, r
             start = time.perf_counter()
             response = client.post("/score", json={"customer_id": customer})
             out[i] = 1000 * (time.perf_counter() - start)
-            if response.status_code != 200:
-                raise RuntimeError(f"request {i} got HTTP {response.status_code}: {response.text[:200]}")
+            raise_for_status(response, where=f"request {i} to {replica.url}")
     return out
 
 
@@ -111,10 +112,12 @@ def cold_start_table(
     ValueError
         If there are fewer than ``2 * n_first`` ids, or no variant.
     """
-    if not variants:
-        raise ValueError("variants must name at least one ColdStartVariant")
-    if n_first < 1 or len(customer_ids) < 2 * n_first:
-        raise ValueError(f"need at least 2 * n_first = {2 * n_first} customer ids, got {len(customer_ids)}")
+    non_empty("variants", variants)
+    n_first = integer("n_first", n_first, min=1)
+    if len(customer_ids) < 2 * n_first:
+        raise InvalidArgumentError(
+            f"need at least 2 * n_first = {2 * n_first} customer ids, got {len(customer_ids)}"
+        )
 
     def launch(variant: ColdStartVariant) -> ReplicaProcess:
         config = ReplicaConfig(warmup_requests=variant.warmup_requests, gc_freeze=variant.gc_freeze)

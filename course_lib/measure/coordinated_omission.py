@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentiles
 from course_lib.measure.loadgen import LoadResult, outcome_of
 
@@ -182,12 +182,10 @@ async def run_closed_loop(
     ValueError
         For ``users`` < 1, or a duration or timeout that is not > 0, or a negative interval.
     """
-    if isinstance(users, bool) or not isinstance(users, int) or users < 1:
-        raise ValueError(f"users must be an integer >= 1, got {users!r}")
+    users = integer("users", users, min=1)
     duration = positive_number("duration_s", duration_s)
     timeout = positive_number("request_timeout_s", request_timeout_s)
-    if not interval_ms >= 0:
-        raise ValueError(f"interval_ms must be >= 0, got {interval_ms!r}")
+    interval_ms = positive_number("interval_ms", interval_ms, allow_zero=True)
     clock = time.perf_counter
     start = clock()
     rows: list[dict[str, Any]] = []

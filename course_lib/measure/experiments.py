@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import non_empty
 from course_lib.core.percentiles import percentiles
 from course_lib.measure.loadgen import run_open_loop
 from course_lib.measure.targets import coroutine_target
@@ -47,11 +48,11 @@ async def run_hedged_load(
     -------
     (requests, stats)
         ``requests``: one row per request, in request order, with loadgen's columns (``latency_ms``
-        from the scheduled send time, ``ok``, ``error``) plus ``hedged``, ``winner`` and ``primary``
+        from the scheduled send time, ``ok``, ``outcome``, ``error``; a request whose copies were all
+        answered 429/503 is ``"shed"``, not ``"error"``) plus ``hedged``, ``winner`` and ``primary``
         (replica indexes); ``stats``: the client's ``HedgeStats``.
     """
-    if not customer_ids:
-        raise ValueError("customer_ids must hold at least one id")
+    non_empty("customer_ids", customer_ids)
     async with HedgingClient(replica_urls, hedge_after_ms=hedge_after_ms) as client:
 
         async def send(i: int) -> dict[str, Any]:
@@ -116,9 +117,7 @@ async def measure_dedup(
     ValueError
         If ``records`` is empty or a batcher knob or the rate is out of range.
     """
-
-    if len(records) == 0:
-        raise ValueError("records must hold at least one request")
+    non_empty("records", records)
     async with DynamicBatcher(
         score_batch,
         max_batch_size=max_batch_size,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import integer, non_empty, one_of
 from course_lib.core.percentiles import percentiles
 
 __all__ = [
@@ -114,8 +115,7 @@ def gc_settings(setting: str) -> Iterator[None]:
     ValueError
         For a setting not in ``GC_SETTINGS``.
     """
-    if setting not in GC_SETTINGS:
-        raise ValueError(f"setting must be one of {GC_SETTINGS}, got {setting!r}")
+    one_of("setting", setting, GC_SETTINGS)
     old = gc.get_threshold()
     try:
         if setting == "freeze":
@@ -167,8 +167,7 @@ def measure_gc_tail(
     ValueError
         If ``n_requests`` < 1 or a setting is unknown.
     """
-    if n_requests < 1:
-        raise ValueError(f"n_requests must be >= 1, got {n_requests!r}")
+    n_requests = integer("n_requests", n_requests, min=1)
     rows = {}
     clock = time.perf_counter_ns
     for setting in settings:
@@ -220,12 +219,9 @@ def traced_request_path(
     import json
     from collections import deque
 
-    if not customer_ids:
-        raise ValueError("customer_ids must hold at least one id")
-    if spans_per_request < 1 or keep_traces < 1:
-        raise ValueError(
-            f"spans_per_request and keep_traces must be >= 1, got {spans_per_request}, {keep_traces}"
-        )
+    non_empty("customer_ids", customer_ids)
+    spans_per_request = integer("spans_per_request", spans_per_request, min=1)
+    keep_traces = integer("keep_traces", keep_traces, min=1)
     bodies = [json.dumps({"customer_id": c}).encode() for c in customer_ids]
     traces: deque[list[dict[str, object]]] = deque(maxlen=keep_traces)
 

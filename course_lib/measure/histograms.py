@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from hdrh.histogram import HdrHistogram
 
+from course_lib.core.checks import non_empty, number
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -62,8 +63,7 @@ def hdr_from_samples(latencies_ms: Iterable[float] | np.ndarray) -> HdrHistogram
 def hdr_percentile_ms(hist: HdrHistogram, q: float) -> float:
     """The q-th percentile of a histogram in ms (HdrHistogram's rule: the highest value equivalent, within
     0.1%, to the sample at rank round(q/100 x n))."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q!r}")
+    q = number("q", q, min=0, max=100)
     return hist.get_value_at_percentile(q) / 1000.0
 
 
@@ -95,8 +95,7 @@ def merge_vector(workers: Mapping[str, Sequence[float] | np.ndarray], q: float =
     ``mean of worker p<q>`` (wrong), ``all samples merged`` (exact) and ``HdrHistograms added``
     (each worker's histogram encoded, decoded and added, as separate processes would ship them).
     """
-    if not workers:
-        raise ValueError("workers must name at least one worker's samples")
+    non_empty("workers", workers)
     col = f"p{q:g}_ms"
     rows = {name: {"requests": len(s), col: percentile(s, q)} for name, s in workers.items()}
     merged = np.concatenate([np.asarray(s, float) for s in workers.values()])

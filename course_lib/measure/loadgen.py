@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import integer, number, positive_number
 from course_lib.core.percentiles import percentiles
+from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import poisson_arrivals_ms
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "SEND_LAG_BOUND_MS",
     "SERVED_FIELDS",
     "SPIN_WINDOW_S",
-    "HttpStatusError",
     "LoadResult",
     "Send",
     "outcome_of",
@@ -61,21 +61,16 @@ SEND_LAG_BOUND_MS = 1.0
 SPIN_WINDOW_S = 0.002
 
 
-class HttpStatusError(RuntimeError):
-    """A non-2xx answer: ``status`` (429 and 503 count as shed load) and the ``Retry-After`` header, if any."""
-
-    def __init__(self, status: int, body: str = "", *, retry_after: str | None = None):
-        hint = f" (Retry-After: {retry_after})" if retry_after is not None else ""
-        super().__init__(f"HTTP {status}{hint}: {body[:200]}")
-        self.status = int(status)
-        self.retry_after = retry_after
-
-
 def outcome_of(exc: BaseException) -> str:
-    """Which of ``OUTCOMES`` a failed request ends as: ``timeout``, ``shed`` (HTTP 429/503) or ``error``."""
+    """Which of ``OUTCOMES`` a failed request ends as: ``timeout``, ``shed`` or ``error``.
+
+    ``shed`` is a ``course_lib.serving.service.HttpStatusError`` whose status the server answers when
+    it sheds load (429, 503: ``.shed``), whichever client raised it (an HTTP target, the hedging
+    client after every copy was shed).
+    """
     if isinstance(exc, TimeoutError):
         return "timeout"
-    if isinstance(exc, HttpStatusError) and exc.status in (429, 503):
+    if isinstance(exc, HttpStatusError) and exc.shed:
         return "shed"
     return "error"
 
@@ -220,14 +215,12 @@ async def run_open_loop(
     rate = positive_number("rate_rps", rate_rps)
     duration = positive_number("max_duration_s", max_duration_s)
     timeout = positive_number("request_timeout_s", request_timeout_s)
-    if isinstance(spin_s, bool) or not isinstance(spin_s, (int, float)) or not 0 <= spin_s < 1:
-        raise ValueError(f"spin_s must be a number of seconds in [0, 1), got {spin_s!r}")
-    if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 1:
-        raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
+    spin_s = number("spin_s", spin_s, min=0, max=1, max_open=True)
+    n_requests = integer("n_requests", n_requests, min=1)
     if schedule_ms is None:
-        schedule_s = poisson_arrivals_ms(rate, int(n_requests), seed) / 1000.0
+        schedule_s = poisson_arrivals_ms(rate, n_requests, seed) / 1000.0
     else:
-        schedule_s = np.asarray(schedule_ms, dtype=float)[: int(n_requests)] / 1000.0
+        schedule_s = np.asarray(schedule_ms, dtype=float)[:n_requests] / 1000.0
         if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
             raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
         if (np.diff(schedule_s) < 0).any():
@@ -283,4 +276,4 @@ async def run_open_loop(
     if missing:  # every request sent has a row: an answer, a shed, a timeout or an error
         raise RuntimeError(f"{len(missing)} requests have no outcome (first: {missing[:5]})")
     frame = pd.DataFrame(rows)
-    return LoadResult(requests=frame, rate_rps=rate, planned=int(n_requests), wall_s=clock() - start)
+    return LoadResult(requests=frame, rate_rps=rate, planned=n_requests, wall_s=clock() - start)

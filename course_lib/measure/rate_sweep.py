@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 
 import pandas as pd
 
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import integer, non_empty, number, one_of, positive_number
 from course_lib.measure.loadgen import Send, run_open_loop
 
 __all__ = ["capacity_table", "sustainable_rate", "sweep_rates"]
@@ -49,8 +49,7 @@ def sustainable_rate(
         For a limit that is not > 0, a fraction outside (0, 1], or a missing column.
     """
     positive_number("p99_limit_ms", p99_limit_ms)
-    if not 0 < min_achieved_fraction <= 1:
-        raise ValueError(f"min_achieved_fraction must be in (0, 1], got {min_achieved_fraction!r}")
+    number("min_achieved_fraction", min_achieved_fraction, min=0, max=1, min_open=True)
     missing = [c for c in ("offered_rps", "p99_ms", achieved_column) if c not in table.columns]
     if missing:
         raise ValueError(f"table is missing columns {missing}")
@@ -123,10 +122,8 @@ async def sweep_rates(
         For a p99 limit that is not > 0 or a negative ``retries``.
     """
     limit = positive_number("p99_limit_ms", p99_limit_ms)
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
-    if not 0 < min_done_fraction <= 1:
-        raise ValueError(f"min_done_fraction must be in (0, 1], got {min_done_fraction!r}")
+    retries = integer("retries", retries, min=0)
+    number("min_done_fraction", min_done_fraction, min=0, max=1, min_open=True)
     timeout = request_timeout_s if request_timeout_s is not None else max(0.5, 5 * limit / 1000.0)
     alive = list(targets)
     rows = []
@@ -189,11 +186,9 @@ def capacity_table(sweep: pd.DataFrame, *, baseline: str | Sequence[str]) -> pd.
         If a ``baseline`` is not a target of the sweep, or none is named.
     """
     baselines = [baseline] if isinstance(baseline, str) else list(baseline)
-    if not baselines:
-        raise ValueError("baseline is empty: name at least one target to divide by")
+    non_empty("baseline", baselines)
     for name in baselines:
-        if name not in set(sweep["target"]):
-            raise ValueError(f"baseline {name!r} is not one of the targets {sorted(set(sweep['target']))}")
+        one_of("baseline", name, sorted(set(sweep["target"])))
     rows = {}
     for name, runs in sweep.groupby("target", sort=False):
         good = runs[runs["met_slo"]]

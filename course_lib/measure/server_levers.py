@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import non_empty, positive_number
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.knee import MAX_ERROR_RATE, find_knee, step_row
 from course_lib.measure.loadgen import LoadResult
@@ -86,9 +86,7 @@ def interleaved_knees(
     dict name -> step table (one ``step_row`` per rung that configuration ran).
     """
     limit = positive_number("p99_limit_ms", p99_limit_ms)
-    order = list(names)
-    if not order:
-        raise ValueError("names must hold at least one configuration")
+    order = non_empty("names", list(names))
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     alive = list(order)
     for rate in sorted(float(r) for r in rates_rps):

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from course_lib.core.checks import integer
 from course_lib.core.percentiles import percentile
 
 __all__ = ["source_load_test", "source_percentile"]
@@ -51,8 +52,7 @@ async def source_load_test(
     ``latencies_ms`` (list), ``source_p99_ms`` (the source's rule), ``nearest_rank_p99_ms`` (the course's)
     and ``errors``.
     """
-    if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
-        raise ValueError(f"concurrent must be an integer >= 1, got {concurrent!r}")
+    concurrent = integer("concurrent", concurrent, min=1)
     in_flight = peak = errors = 0
     latencies: list[float] = []
     gate = asyncio.Semaphore(concurrent if bounded else num_requests)

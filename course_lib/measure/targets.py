@@ -18,7 +18,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from course_lib.measure.loadgen import SERVED_FIELDS, HttpStatusError, Send
+from course_lib.core.checks import integer, non_empty
+from course_lib.measure.loadgen import SERVED_FIELDS, Send
+from course_lib.serving.service import HttpStatusError, raise_for_status
 
 __all__ = [
     "aiohttp_target",
@@ -42,8 +44,7 @@ def coroutine_target(
     ValueError
         If ``items`` is empty.
     """
-    if len(items) == 0:
-        raise ValueError("items must hold at least one request payload")
+    non_empty("items", items)
     names = tuple(fields)
 
     async def send(i: int) -> dict[str, Any]:
@@ -58,8 +59,8 @@ def coroutine_target(
 def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Iterable[str] = ()) -> Send:
     """POST ``payloads[i % len(payloads)]`` as JSON to ``url`` with an ``httpx.AsyncClient``.
 
-    A non-2xx answer raises ``HttpStatusError`` (a ``RuntimeError``) naming the status and the start
-    of the body, so it is recorded as an error (or as shed, for 429/503) with its reason. The named fields of the JSON answer are recorded.
+    A non-2xx answer raises ``course_lib.serving.service.HttpStatusError`` naming the status and the
+    start of the body, so it is recorded as an error (or as shed, for 429/503) with its reason. The named fields of the JSON answer are recorded.
 
     Raises
     ------
@@ -69,11 +70,7 @@ def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Itera
     names = tuple(fields)
 
     async def post(payload: Any) -> Mapping[str, Any]:
-        response = await client.post(url, json=payload)
-        if response.status_code >= 300:
-            raise HttpStatusError(
-                response.status_code, response.text, retry_after=response.headers.get("retry-after")
-            )
+        response = raise_for_status(await client.post(url, json=payload))
         return response.json() if names else {}
 
     return coroutine_target(post, payloads, fields=names)
@@ -130,7 +127,7 @@ def aiohttp_target(
 ):
     """Factory (async context manager) yielding ``send(i)``: POST ``payloads[i % n]`` as JSON with aiohttp.
 
-    A non-2xx answer raises ``course_lib.measure.loadgen.HttpStatusError`` (429/503 count as shed). The named
+    A non-2xx answer raises ``course_lib.serving.service.HttpStatusError`` (429/503 count as shed). The named
     fields of the JSON answer are recorded. Same contract as ``http_client_target``.
 
     Raises
@@ -140,10 +137,8 @@ def aiohttp_target(
     """
     import aiohttp
 
-    if len(payloads) == 0:
-        raise ValueError("payloads must hold at least one request body")
-    if max_connections < 1:
-        raise ValueError(f"max_connections must be >= 1, got {max_connections!r}")
+    non_empty("payloads", payloads)
+    max_connections = integer("max_connections", max_connections, min=1)
     names = tuple(fields)
 
     @asynccontextmanager
@@ -156,7 +151,7 @@ def aiohttp_target(
             async def post(payload: Any) -> Mapping[str, Any]:
                 async with session.post(url, json=payload) as response:
                     text = await response.text()
-                    if response.status >= 300:
+                    if not 200 <= response.status < 300:
                         raise HttpStatusError(
                             response.status, text, retry_after=response.headers.get("Retry-After")
                         )

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core._io import REPO_ROOT
+from course_lib.core.checks import InvalidArgumentError, number, positive_number
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S, SLO_P95_S, extrapolated_rate, histogram_quantile
 
 __all__ = [
@@ -77,15 +78,13 @@ class IncidentSpec:
     warm_hours: float = 6.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.canary_share < 1:
-            raise ValueError(f"canary_share must be in (0, 1), got {self.canary_share!r}")
+        number("canary_share", self.canary_share, min=0, max=1, min_open=True, max_open=True)
         if not 0 <= self.incident_start_min <= self.rollback_min <= self.duration_min:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "need 0 <= incident_start_min <= rollback_min <= duration_min, got "
                 f"{self.incident_start_min}, {self.rollback_min}, {self.duration_min}"
             )
-        if self.total_rps <= 0:
-            raise ValueError(f"total_rps must be > 0, got {self.total_rps!r}")
+        positive_number("total_rps", self.total_rps)
 
 
 @dataclass

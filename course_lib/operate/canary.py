@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
+from course_lib.core.checks import InvalidArgumentError, instance_of, integer, number
 from course_lib.core.percentiles import percentile
 from course_lib.operate.drift import PSI_ALERT, psi
 
@@ -55,12 +56,6 @@ HASH_BUCKETS = 10_000
 STAGES_PERCENT: tuple[float, ...] = (5.0, 25.0, 100.0)
 
 
-def _check_percent(percent: float) -> float:
-    if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 <= percent <= 100:
-        raise ValueError(f"percent must be a number in [0, 100], got {percent!r}")
-    return float(percent)
-
-
 def canary_bucket(customer_id: str, *, salt: str = "canary") -> int:
     """The customer's fixed bucket in [0, HASH_BUCKETS): sha256 of ``salt:customer_id``.
 
@@ -71,8 +66,7 @@ def canary_bucket(customer_id: str, *, salt: str = "canary") -> int:
     TypeError
         If ``customer_id`` is not a string.
     """
-    if not isinstance(customer_id, str):
-        raise TypeError(f"customer_id must be a str, got {type(customer_id).__name__}")
+    instance_of("customer_id", customer_id, str)
     digest = hashlib.sha256(f"{salt}:{customer_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % HASH_BUCKETS
 
@@ -97,11 +91,11 @@ class HashRouter:
     salt: str = "canary"
 
     def __post_init__(self) -> None:
-        self.percent = _check_percent(self.percent)
+        self.percent = number("percent", self.percent, min=0, max=100)
 
     def set_percent(self, percent: float) -> None:
         """Move the canary to ``percent`` (0 = rolled back, 100 = everyone)."""
-        self.percent = _check_percent(percent)
+        self.percent = number("percent", percent, min=0, max=100)
 
     def version_for(self, customer_id: str) -> str:
         """The version that scores ``customer_id`` at the current percentage."""
@@ -120,11 +114,11 @@ class RandomRouter:
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.percent = _check_percent(self.percent)
+        self.percent = number("percent", self.percent, min=0, max=100)
         self._rng = random.Random(self.seed)
 
     def set_percent(self, percent: float) -> None:
-        self.percent = _check_percent(percent)
+        self.percent = number("percent", percent, min=0, max=100)
 
     def version_for(self, customer_id: str) -> str:
         return self.canary if self._rng.random() < self.percent / 100 else self.stable
@@ -140,8 +134,7 @@ def refresh_flips(
     DataFrame indexed by customer with ``canary_answers`` (of ``refreshes``) and ``flipped`` (saw
     both versions: the churn score on the page changed between reloads for no reason).
     """
-    if refreshes < 1:
-        raise ValueError(f"refreshes must be >= 1, got {refreshes}")
+    refreshes = integer("refreshes", refreshes, min=1)
     rows = []
     for cid in customer_ids:
         seen = [router.version_for(cid) for _ in range(refreshes)]
@@ -308,15 +301,16 @@ class RampController:
         stages: Iterable[float] = STAGES_PERCENT,
         min_windows: int = 2,
     ):
-        self.stages = tuple(_check_percent(s) for s in stages)
+        self.stages = tuple(number(f"stages[{i}]", s, min=0, max=100) for i, s in enumerate(stages))
         if (
             not self.stages
             or self.stages[-1] != 100
             or any(b <= a for a, b in itertools.pairwise(self.stages))
         ):
-            raise ValueError(f"stages must be increasing percentages ending at 100, got {self.stages}")
-        if min_windows < 1:
-            raise ValueError(f"min_windows must be >= 1, got {min_windows}")
+            raise InvalidArgumentError(
+                f"stages must be increasing percentages ending at 100, got {self.stages}"
+            )
+        min_windows = integer("min_windows", min_windows, min=1)
         self.router, self.rules, self.min_windows = router, rules or DecisionRules(), min_windows
         self.stage_index, self.passed_windows, self.state = 0, 0, "ramping"
         self.router.set_percent(self.stages[0])

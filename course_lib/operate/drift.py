@@ -25,6 +25,7 @@ from sklearn.metrics import roc_auc_score
 
 from course_lib.churn.data import load_telco, make_customers
 from course_lib.churn.model import tenure_band
+from course_lib.core.checks import integer, non_empty, number
 
 __all__ = [
     "PSI_ALERT",
@@ -90,11 +91,9 @@ def psi(
     ValueError
         If either input is empty or ``bins`` < 2.
     """
-    ref, cur = pd.Series(reference), pd.Series(current)
-    if ref.empty or cur.empty:
-        raise ValueError(f"reference and current must be non-empty, got {len(ref)} and {len(cur)} values")
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
-        raise ValueError(f"bins must be an integer >= 2, got {bins!r}")
+    ref = non_empty("reference", pd.Series(reference))
+    cur = non_empty("current", pd.Series(current))
+    bins = integer("bins", bins, min=2)
     e, a = _shares(ref, cur, bins)
     e, a = np.maximum(e, _EPS), np.maximum(a, _EPS)
     return float(np.sum((a - e) * np.log(a / e)))
@@ -147,8 +146,8 @@ def shifted_week(
     ValueError
         If a share is outside (0, 1), or ``days`` or ``n_per_day`` < 1.
     """
-    if days < 1 or n_per_day < 1:
-        raise ValueError(f"days and n_per_day must be >= 1, got {days} and {n_per_day}")
+    days = integer("days", days, min=1)
+    n_per_day = integer("n_per_day", n_per_day, min=1)
     real = load_telco()
     start = (
         float((real["contract"] == "Month-to-month").mean())
@@ -156,8 +155,7 @@ def shifted_week(
         else month_to_month_start
     )
     for name, value in (("month_to_month_start", start), ("month_to_month_end", month_to_month_end)):
-        if not 0 < value < 1:
-            raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+        number(name, value, min=0, max=1, min_open=True, max_open=True)
     pool = make_customers(n_per_day * days * 4, seed=seed, source=real)
     m2m = pool[pool["contract"] == "Month-to-month"]
     other = pool[pool["contract"] != "Month-to-month"]

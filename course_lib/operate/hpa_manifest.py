@@ -8,7 +8,8 @@ Validation has two layers:
    as the API server's strict field validation would make it.
 2. **Semantics** the schema cannot express, from the API reference and the API server's validation
    (``pkg/apis/autoscaling/validation``): enum values, ``1 <= minReplicas <= maxReplicas``, the metric
-   source matching its ``type``, policy periods in (0, 1800] s, stabilization windows in [0, 3600] s,
+   source matching its ``type``, policy periods in (0, 1800] s, stabilization windows in [0, 3600] s
+   (``course_lib.simulate.hpa.MAX_POLICY_PERIOD_S`` and ``MAX_STABILIZATION_WINDOW_S``),
    and ``Resource`` metrics limited to what the resource metrics API (metrics-server) serves: cpu and
    memory. A GPU-utilisation or latency target needs a custom or external metrics adapter
    (for example NVIDIA's DCGM exporter or the service's own ``/metrics``, read through Prometheus
@@ -30,7 +31,16 @@ import pydantic
 import yaml
 from kubernetes.client.models import V2HorizontalPodAutoscaler
 
-from course_lib.simulate.hpa import ScalingRules
+from course_lib.core.checks import instance_of, one_of
+from course_lib.simulate.fleet import SIGNALS
+from course_lib.simulate.hpa import (
+    MAX_POLICY_PERIOD_S,
+    MAX_STABILIZATION_WINDOW_S,
+    POLICY_TYPES,
+    SELECT_POLICIES,
+    ScalingRules,
+    check_replica_bounds,
+)
 
 __all__ = ["SOURCE004_HPA_FIELDS", "hpa_manifest", "to_yaml", "validate_hpa"]
 
@@ -41,7 +51,6 @@ _METRIC_SOURCES = {
     "External": "external",
     "ContainerResource": "containerResource",
 }
-_TARGET_TYPES = {"Utilization", "Value", "AverageValue"}
 
 #: The fields source 004's example sets, as it sets them (recomputed here, not endorsed): the v1 field
 #: ``targetCPUUtilizationPercentage``, the v2beta1 field ``targetAverageValue`` and behaviour blocks named
@@ -73,6 +82,7 @@ def _rules(rules: ScalingRules) -> dict[str, Any]:
 
 
 def _metric(signal: str, target: float) -> dict[str, Any]:
+    one_of("signal", signal, SIGNALS)
     if signal == "cpu":
         return {
             "type": "Resource",
@@ -90,15 +100,13 @@ def _metric(signal: str, target: float) -> dict[str, Any]:
                 "target": {"type": "AverageValue", "averageValue": f"{target:g}"},
             },
         }
-    if signal == "p99":
-        return {
-            "type": "External",
-            "external": {
-                "metric": {"name": "churn_request_latency_p99_seconds"},
-                "target": {"type": "Value", "value": f"{target / 1000:g}"},
-            },
-        }
-    raise ValueError(f"signal must be one of 'cpu', 'rps', 'queue', 'p99', got {signal!r}")
+    return {  # p99
+        "type": "External",
+        "external": {
+            "metric": {"name": "churn_request_latency_p99_seconds"},
+            "target": {"type": "Value", "value": f"{target / 1000:g}"},
+        },
+    }
 
 
 def hpa_manifest(
@@ -118,10 +126,7 @@ def hpa_manifest(
     (an External metric, written in seconds). Raises ``ValueError`` for an unknown signal or
     replica bounds outside ``1 <= min_replicas <= max_replicas``.
     """
-    if not (_is_int(min_replicas) and _is_int(max_replicas) and 1 <= min_replicas <= max_replicas):
-        raise ValueError(
-            f"need integers 1 <= min_replicas <= max_replicas, got {min_replicas!r} and {max_replicas!r}"
-        )
+    min_replicas, max_replicas = check_replica_bounds(min_replicas, max_replicas)
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -156,7 +161,15 @@ _QUANTITY = re.compile(r"^[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?(m|k|M|G|T|P|E|Ki|
 
 
 def _is_int(value: object) -> bool:
+    """A YAML integer (the manifest's own values, not a function argument)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive_quantity(value: object) -> bool:
+    """A Kubernetes quantity above zero ('30', '500m', 2.5): the grammar, then the number before its suffix."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or not _QUANTITY.match(str(value)):
+        return False
+    return float(re.sub(r"[a-zA-Z]+$", "", str(value)) or 0) > 0
 
 
 def _metric_errors(i: int, metric: object) -> list[str]:
@@ -188,8 +201,7 @@ def _metric_errors(i: int, metric: object) -> list[str]:
             errors.append(
                 f"{where}.target.averageUtilization: must be an integer percentage > 0, got {value!r}"
             )
-    elif not (isinstance(value, str | int | float) and not isinstance(value, bool) and _QUANTITY.match(str(value))
-              and float(re.sub(r"[a-zA-Z]+$", "", str(value)) or 0) > 0):  # fmt: skip
+    elif not _is_positive_quantity(value):
         errors.append(
             f"{where}.target.{_TARGET_FIELD[ttype]}: must be a positive quantity such as '30' or '500m', got {value!r}"
         )
@@ -204,11 +216,15 @@ def _behavior_errors(direction: str, rules: object) -> list[str]:
         return [f"{where}: must be a mapping, got {rules!r}"]
     errors = []
     window = rules.get("stabilizationWindowSeconds")
-    if window is not None and not (_is_int(window) and 0 <= window <= 3600):
-        errors.append(f"{where}.stabilizationWindowSeconds: must be an integer in [0, 3600], got {window!r}")
-    if rules.get("selectPolicy") not in (None, "Max", "Min", "Disabled"):
+    if window is not None and not (_is_int(window) and 0 <= window <= MAX_STABILIZATION_WINDOW_S):
         errors.append(
-            f"{where}.selectPolicy: must be Max, Min or Disabled, got {rules.get('selectPolicy')!r}"
+            f"{where}.stabilizationWindowSeconds: must be an integer in [0, {MAX_STABILIZATION_WINDOW_S}], "
+            f"got {window!r}"
+        )
+    if rules.get("selectPolicy") not in (None, *SELECT_POLICIES):
+        errors.append(
+            f"{where}.selectPolicy: must be {', '.join(SELECT_POLICIES[:-1])} or {SELECT_POLICIES[-1]}, "
+            f"got {rules.get('selectPolicy')!r}"
         )
     policies = rules.get("policies")
     if policies is not None and not policies:
@@ -217,12 +233,15 @@ def _behavior_errors(direction: str, rules: object) -> list[str]:
         if not isinstance(policy, dict):
             errors.append(f"{where}.policies[{j}]: must be a mapping, got {policy!r}")
             continue
-        if policy.get("type") not in ("Pods", "Percent"):
-            errors.append(f"{where}.policies[{j}].type: must be Pods or Percent, got {policy.get('type')!r}")
-        period, value = policy.get("periodSeconds"), policy.get("value")
-        if not (_is_int(period) and 0 < period <= 1800):
+        if policy.get("type") not in POLICY_TYPES:
             errors.append(
-                f"{where}.policies[{j}].periodSeconds: must be an integer in (0, 1800], got {period!r}"
+                f"{where}.policies[{j}].type: must be {' or '.join(POLICY_TYPES)}, got {policy.get('type')!r}"
+            )
+        period, value = policy.get("periodSeconds"), policy.get("value")
+        if not (_is_int(period) and 0 < period <= MAX_POLICY_PERIOD_S):
+            errors.append(
+                f"{where}.policies[{j}].periodSeconds: must be an integer in (0, {MAX_POLICY_PERIOD_S}], "
+                f"got {period!r}"
             )
         if not (_is_int(value) and value > 0):
             errors.append(f"{where}.policies[{j}].value: must be an integer > 0, got {value!r}")
@@ -257,8 +276,7 @@ def validate_hpa(doc: dict[str, Any]) -> list[str]:
     message), then the semantic checks listed in the module docstring. Raises ``TypeError`` if ``doc``
     is not a mapping.
     """
-    if not isinstance(doc, dict):
-        raise TypeError(f"doc must be a dict parsed from YAML, got {type(doc).__name__}")
+    instance_of("doc", doc, dict)
     errors = []
     try:
         V2HorizontalPodAutoscaler.model_validate(doc)

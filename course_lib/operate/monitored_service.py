@@ -44,6 +44,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily
 
+from course_lib.core.checks import integer, non_empty
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S
 from course_lib.serving.service import ChurnService, RequestError, ServiceResponse, read_json_body
 
@@ -148,8 +149,8 @@ class ShadowScorer:
         max_lifetime_s: float = 600.0,
         log_size: int = 200_000,
     ):
-        if max_queue < 1 or max_batch < 1:
-            raise ValueError(f"max_queue and max_batch must be >= 1, got {max_queue} and {max_batch}")
+        max_queue = integer("max_queue", max_queue, min=1)
+        max_batch = integer("max_batch", max_batch, min=1)
         self.version, self.forward, self.lookup, self.metrics = version, forward, lookup, metrics
         self.max_batch, self.flush_interval_s = max_batch, flush_interval_s
         self._queue: queue.Queue[tuple[str, str, bytes]] = queue.Queue(maxsize=max_queue)
@@ -270,8 +271,7 @@ class VersionedChurnService:
         shadow: ShadowScorer | None = None,
         lookup_mode: str = "",
     ):
-        if not forwards:
-            raise ValueError("forwards must map at least one version name to a forward function")
+        non_empty("forwards", forwards)
         self.metrics, self.router, self.shadow = metrics, router, shadow
         self.services = {
             v: ChurnService(

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from course_lib.core._io import atomic_write_text
 from course_lib.operate.alerting import (
     PROMETHEUS_DIR,
     RULES,
@@ -185,7 +186,7 @@ def write_promtool_tests(folder: str | Path | None = None) -> dict[str, Path]:
     written = {}
     for test_name, rule_file in PROMTOOL_TESTS.items():
         path = out_dir / test_name
-        path.write_text(promtool_test_file(incident, rule_file, check))
+        atomic_write_text(path, promtool_test_file(incident, rule_file, check))
         written[test_name] = path
     return written
 

@@ -14,7 +14,6 @@ lost more accuracy than a limit you set in advance").
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from course_lib.churn.model import metrics_by_slice
+from course_lib.core.checks import instance_of, integer, non_empty, number, positive_number
 
 __all__ = ["AccuracyBudget", "auc_difference_ci", "budget_verdicts", "slice_auc_drops"]
 
@@ -48,15 +48,8 @@ class AccuracyBudget:
     max_log_loss_increase: float = 0.01
 
     def __post_init__(self) -> None:
-        for name in ("max_slice_auc_drop", "max_log_loss_increase"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        positive_number("max_slice_auc_drop", self.max_slice_auc_drop, allow_zero=True)
+        positive_number("max_log_loss_increase", self.max_log_loss_increase, allow_zero=True)
 
     def __str__(self) -> str:
         return (
@@ -89,8 +82,7 @@ def slice_auc_drops(
     ValueError
         If ``candidates`` is empty or an array's length differs from ``len(df)``.
     """
-    if not candidates:
-        raise ValueError("candidates must name at least one variant")
+    non_empty("candidates", candidates)
     for name, p in {"p_reference": p_reference, **candidates}.items():
         if len(p) != len(df):
             raise ValueError(f"{name} has {len(p)} probabilities for {len(df)} customers")
@@ -128,8 +120,7 @@ def budget_verdicts(
     ValueError
         As ``slice_auc_drops``.
     """
-    if not isinstance(budget, AccuracyBudget):
-        raise TypeError(f"budget must be an AccuracyBudget, got {type(budget).__name__}")
+    instance_of("budget", budget, AccuracyBudget)
     drops = slice_auc_drops(df, p_reference, candidates)
     ref_all = metrics_by_slice(df, p_reference).loc[("all", "all")]
     rows = {}
@@ -203,10 +194,8 @@ def auc_difference_ci(
         raise ValueError(
             f"y_true, p_a and p_b must be 1-D of equal length, got {y.shape}, {a.shape}, {b.shape}"
         )
-    if n_boot < 100:
-        raise ValueError(f"n_boot must be >= 100, got {n_boot}")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    n_boot = integer("n_boot", n_boot, min=100)
+    level = number("level", level, min=0, max=1, min_open=True, max_open=True)
     rng = np.random.default_rng(seed)
     diffs = []
     for _ in range(n_boot):

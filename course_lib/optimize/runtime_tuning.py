@@ -31,6 +31,7 @@ import pandas as pd
 
 from course_lib.churn.export import make_session
 from course_lib.core.bench import compare_latency, time_calls_ns, usable_cores
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, one_of
 from course_lib.core.percentiles import percentile
 
 __all__ = ["GRAPH_OPTIMIZATION_LEVELS", "oversubscription_table", "tuning_table", "usable_cores"]
@@ -39,12 +40,11 @@ GRAPH_OPTIMIZATION_LEVELS: tuple[str, ...] = ("disabled", "basic", "extended", "
 
 
 def _check_feeds_by_batch(feeds_by_batch: Mapping[int, Mapping[str, np.ndarray]]) -> None:
-    if not feeds_by_batch:
-        raise ValueError("feeds_by_batch must map at least one batch size to its feeds")
+    non_empty("feeds_by_batch", feeds_by_batch)
     for batch, feeds in feeds_by_batch.items():
         rows = {len(v) for v in feeds.values()}
         if rows != {batch}:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"feeds for batch size {batch} hold {sorted(rows)} rows; they must hold exactly {batch}"
             )
 
@@ -86,11 +86,8 @@ def tuning_table(
         Unknown level, thread count < 1, or feeds whose row count differs from their batch size.
     """
     _check_feeds_by_batch(feeds_by_batch)
-    bad = [lv for lv in levels if lv not in GRAPH_OPTIMIZATION_LEVELS]
-    if bad or not levels:
-        raise ValueError(
-            f"levels must be a non-empty subset of {list(GRAPH_OPTIMIZATION_LEVELS)}, got {list(levels)}"
-        )
+    for i, level in enumerate(non_empty("levels", levels)):
+        one_of(f"levels[{i}]", level, GRAPH_OPTIMIZATION_LEVELS)
     sessions = {
         (level, threads): make_session(model, graph_optimization_level=level, intra_op_num_threads=threads)
         for level in levels
@@ -169,15 +166,10 @@ def oversubscription_table(
     TimeoutError
         If a configuration's workers do not finish within ``timeout_s``; they are terminated.
     """
-    if not configs:
-        raise ValueError("configs must list at least one (n_processes, intra_op_num_threads) pair")
-    for n_proc, threads in configs:
-        if n_proc < 1 or threads < 0:
-            raise ValueError(
-                f"n_processes must be >= 1 and intra_op_num_threads >= 0 (0 = default), got {(n_proc, threads)}"
-            )
-    if n_calls < 1:
-        raise ValueError(f"n_calls must be >= 1, got {n_calls}")
+    for i, (n_proc, threads) in enumerate(non_empty("configs", configs)):
+        integer(f"configs[{i}] n_processes", n_proc, min=1)
+        integer(f"configs[{i}] intra_op_num_threads", threads, min=0)
+    n_calls = integer("n_calls", n_calls, min=1)
     source = str(model) if isinstance(model, Path) else model
     ctx = _worker_context()
     cores = usable_cores()

@@ -31,6 +31,7 @@ from course_lib.churn.export import PARITY_ATOL, OnnxChurnScorer, make_session
 from course_lib.churn.model import features
 from course_lib.churn.schema import NUMERIC_SCHEMA
 from course_lib.core.bench import compare_latency
+from course_lib.core.checks import InvalidArgumentError, integer, integers, non_empty, one_of
 from course_lib.optimize.accuracy_budget import AccuracyBudget, budget_verdicts
 
 __all__ = [
@@ -61,8 +62,7 @@ def load_scorers(paths: Mapping[str, str | Path]) -> dict[str, OnnxChurnScorer]:
     FileNotFoundError
         If a file does not exist (the message names the variant).
     """
-    if not paths:
-        raise ValueError("paths must map at least one variant name to an .onnx file")
+    non_empty("paths", paths)
     scorers = {}
     for name, path in paths.items():
         if not Path(path).is_file():
@@ -102,10 +102,9 @@ def variant_latency(
     ValueError
         If ``X`` has fewer rows than the largest batch size or a batch size is below 1.
     """
-    if min(batch_sizes) < 1:
-        raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
+    batch_sizes = integers("batch_sizes", batch_sizes, min=1)
     if len(X) < max(batch_sizes):
-        raise ValueError(f"X has {len(X)} rows; the largest batch size needs {max(batch_sizes)}")
+        raise InvalidArgumentError(f"X has {len(X)} rows; the largest batch size needs {max(batch_sizes)}")
     columns = {}
     for batch in batch_sizes:
         rows = X.iloc[:batch]
@@ -132,8 +131,7 @@ def extreme_mates(X: pd.DataFrame) -> pd.DataFrame:
     ValueError
         If ``X`` is empty.
     """
-    if len(X) == 0:
-        raise ValueError("X must hold at least one row")
+    non_empty("X", X)
     high, low = X.iloc[[0]].copy(), X.iloc[[0]].copy()
     for name, spec in NUMERIC_SCHEMA.items():
         high[name] = np.asarray([spec.high]).astype(X[name].dtype)
@@ -172,11 +170,9 @@ def batch_dependence(
     ValueError
         If ``X`` is empty or a count is below 1.
     """
-    if len(X) == 0:
-        raise ValueError("X must hold at least one row")
-    for name, value in (("n_batches", n_batches), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    non_empty("X", X)
+    n_batches = integer("n_batches", n_batches, min=1)
+    batch_size = integer("batch_size", batch_size, min=1)
     rng = np.random.default_rng(seed)
     n = n_batches * batch_size
     rows = rng.choice(len(X), size=n, replace=n > len(X))
@@ -272,8 +268,7 @@ def variant_scorecard(
     """
     scorers = load_scorers(paths)
     ref = reference if reference is not None else next(iter(paths))
-    if ref not in scorers:
-        raise ValueError(f"reference {ref!r} is not one of the variants {list(paths)}")
+    one_of("reference", ref, scorers)
     X = features(df)
     probs = {name: s.predict_proba(X).astype(np.float64) for name, s in scorers.items()}
     table = pd.DataFrame(

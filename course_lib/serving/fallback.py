@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.core.checks import callable_, number, positive_number
 from course_lib.serving.replica import is_slow
 
 __all__ = ["FallbackScorer", "SlowDependency", "auc_with_fallbacks"]
@@ -60,13 +61,10 @@ class SlowDependency:
         slow_fraction: float = 0.03,
         seed: int = 0,
     ):
-        if not callable(lookup):
-            raise TypeError(f"lookup must be callable, got {type(lookup).__name__}")
-        for name, value in (("base_ms", base_ms), ("slow_ms", slow_ms)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a number of ms >= 0, got {value!r}")
-        if not 0.0 <= slow_fraction <= 1.0:
-            raise ValueError(f"slow_fraction must be in [0, 1], got {slow_fraction!r}")
+        callable_("lookup", lookup)
+        base_ms = positive_number("base_ms", base_ms, allow_zero=True)
+        slow_ms = positive_number("slow_ms", slow_ms, allow_zero=True)
+        slow_fraction = number("slow_fraction", slow_fraction, min=0, max=1)
         self.lookup = lookup
         self.base_ms, self.slow_ms, self.slow_fraction, self.seed = base_ms, slow_ms, slow_fraction, seed
         self.started = self.finished = self.cancelled = 0
@@ -115,10 +113,9 @@ class FallbackScorer:
     fallbacks: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.prior <= 1.0:
-            raise ValueError(f"prior must be a probability in [0, 1], got {self.prior!r}")
-        if self.timeout_ms is not None and not (math.isfinite(self.timeout_ms) and self.timeout_ms > 0):
-            raise ValueError(f"timeout_ms must be a number of ms > 0 or None, got {self.timeout_ms!r}")
+        number("prior", self.prior, min=0, max=1)
+        if self.timeout_ms is not None:
+            positive_number("timeout_ms", self.timeout_ms)
 
     async def score(self, customer_id: str, *, call_id: str) -> dict[str, Any]:
         """``{"customer_id", "churn_probability", "fallback"}``; fallback answers carry the prior.

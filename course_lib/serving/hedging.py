@@ -10,6 +10,9 @@ churn service's ``POST /score`` over HTTP with ``httpx``. Rules, after Dean and 
   left running that nobody waits for (an httpx request cancelled mid-flight closes its connection,
   which the server sees as a disconnect);
 * if the caller itself is cancelled (e.g. by a timeout), both calls are cancelled too;
+* a copy that fails (an exception, or a non-2xx answer: ``HttpStatusError``) does not answer; if every
+  copy sent failed, the first failure is raised, so a request that every replica shed (429/503) is
+  counted as shed by the load generator (:func:`course_lib.measure.loadgen.outcome_of`), not as an error;
 * every copy sent is counted, so the extra load is a measured number, not a guess.
 
 References
@@ -30,6 +33,10 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pandas as pd
+
+from course_lib.core.checks import distinct, integer, non_empty, positive_number
+from course_lib.core.percentiles import percentiles
+from course_lib.serving.service import HttpStatusError, raise_for_status
 
 __all__ = [
     "HedgeStats",
@@ -56,6 +63,7 @@ class HedgeStats:
     hedge_wins : requests answered by the hedge rather than the primary.
     cancelled : calls cancelled because the other copy answered first (or the caller gave up).
     failed_calls : calls that raised (the other copy may still have answered).
+    shed_calls : failed calls that the replica shed (answered 429 or 503, ``HttpStatusError.shed``).
     """
 
     requests: int = 0
@@ -64,6 +72,14 @@ class HedgeStats:
     hedge_wins: int = 0
     cancelled: int = 0
     failed_calls: int = 0
+    shed_calls: int = 0
+
+    def failed(self, error: BaseException | None) -> BaseException | None:
+        """Count one failed call (and whether it was shed); returns ``error``."""
+        self.failed_calls += 1
+        if isinstance(error, HttpStatusError) and error.shed:
+            self.shed_calls += 1
+        return error
 
     @property
     def extra_request_fraction(self) -> float:
@@ -128,16 +144,11 @@ async def hedged(
     Exception
         The primary's error if every copy sent failed.
     """
-    if len(replicas) < 2:
-        raise ValueError(f"replicas must hold at least 2 replicas to hedge between, got {len(replicas)}")
-    if len(set(map(repr, replicas))) != len(replicas):
-        raise ValueError(
-            f"replicas must be distinct (a hedge to the same replica shares its stall): {replicas!r}"
-        )
-    if hedge_after_s is not None and not (math.isfinite(hedge_after_s) and hedge_after_s >= 0):
-        raise ValueError(f"hedge_after_s must be a number of seconds >= 0 or None, got {hedge_after_s!r}")
-    if isinstance(primary, bool) or not isinstance(primary, int) or not 0 <= primary < len(replicas):
-        raise ValueError(f"primary must be an index in 0..{len(replicas) - 1}, got {primary!r}")
+    non_empty("replicas", replicas, min_items=2)
+    distinct("replicas", replicas, key=repr)  # a hedge to the same replica shares its stall
+    if hedge_after_s is not None:
+        hedge_after_s = positive_number("hedge_after_s", hedge_after_s, allow_zero=True)
+    primary = integer("primary", primary, min=0, max=len(replicas) - 1)
     stats = stats if stats is not None else HedgeStats()
     start = time.perf_counter()
     stats.requests += 1
@@ -152,11 +163,14 @@ async def hedged(
             done, pending = await asyncio.wait(pending, timeout=hedge_after_s)
             if first in done and first.exception() is None:
                 return HedgedResult(
-                    first.result(), primary, False, 1000 * (time.perf_counter() - start), primary
+                    value=first.result(),
+                    replica=primary,
+                    hedged=False,
+                    latency_ms=1000 * (time.perf_counter() - start),
+                    primary=primary,
                 )
             if first in done:  # failed before the hedge delay: the hedge is the only hope left
-                stats.failed_calls += 1
-                errors.append(first.exception())
+                errors.append(stats.failed(first.exception()))
             second_index = (primary + 1) % len(replicas)
             second = asyncio.ensure_future(call(replicas[second_index]))
             owner[second] = second_index
@@ -170,10 +184,14 @@ async def hedged(
                 if task.exception() is None:
                     if owner[task] != primary:
                         stats.hedge_wins += 1
-                    latency = 1000 * (time.perf_counter() - start)
-                    return HedgedResult(task.result(), owner[task], hedge_sent, latency, primary)
-                stats.failed_calls += 1
-                errors.append(task.exception())
+                    return HedgedResult(
+                        value=task.result(),
+                        replica=owner[task],
+                        hedged=hedge_sent,
+                        latency_ms=1000 * (time.perf_counter() - start),
+                        primary=primary,
+                    )
+                errors.append(stats.failed(task.exception()))
         raise errors[0]
     finally:
         await _cancel_and_wait(pending, stats)
@@ -210,9 +228,7 @@ class HedgingClient:
     ):
         import httpx
 
-        urls = list(replica_urls)
-        if len(urls) < 2 or len(set(urls)) != len(urls):
-            raise ValueError(f"replica_urls must hold at least 2 distinct URLs, got {urls!r}")
+        urls = non_empty("replica_urls", distinct("replica_urls", replica_urls), min_items=2)
         self.replica_urls = urls
         self.hedge_after_ms = hedge_after_ms
         self.stats = HedgeStats()
@@ -223,17 +239,16 @@ class HedgingClient:
     async def _post(self, index: int, body: bytes, request_id: str) -> dict[str, Any]:
         headers = {"content-type": "application/json", "x-request-id": request_id}
         response = await self._clients[index].post("/score", content=body, headers=headers)
-        if response.status_code != 200:
-            raise RuntimeError(f"replica {index} answered HTTP {response.status_code}: {response.text[:200]}")
-        return response.json()
+        return raise_for_status(response, where=f"replica {index}").json()
 
     async def score(self, customer_id: str, *, request_id: str) -> HedgedResult[dict[str, Any]]:
         """Score one customer: primary round-robin, a hedge to the other replica if it is late.
 
         Raises
         ------
-        RuntimeError
-            If every copy sent failed (the first failure's reason).
+        HttpStatusError
+            If every copy sent failed and the first failure was a non-2xx answer (``.shed`` for a
+            429/503); another exception (a refused connection, a timeout) as it was raised.
         """
         import json
 
@@ -282,10 +297,9 @@ async def fanout_pages(
     ValueError
         If k or n_pages < 1, or ``customer_ids`` is empty.
     """
-    if k < 1 or n_pages < 1 or not customer_ids:
-        raise ValueError(
-            f"k and n_pages must be >= 1 and customer_ids non-empty, got k={k}, n_pages={n_pages}"
-        )
+    k = integer("k", k, min=1)
+    n_pages = integer("n_pages", n_pages, min=1)
+    non_empty("customer_ids", customer_ids)
     page_ms = np.empty(n_pages)
     call_ms = np.empty((n_pages, k))
     for p in range(n_pages):
@@ -302,13 +316,23 @@ async def fanout_pages(
 
 
 def hedging_summary(requests: pd.DataFrame, stats: HedgeStats) -> dict[str, float]:
-    """p50/p95/p99/p99.9 (ms, nearest rank) of the answered requests, errors and hedge counters."""
-    from course_lib.core.percentiles import percentiles
+    """p50/p95/p99/p99.9 (ms, nearest rank) of the answered requests, failures and hedge counters.
 
+    ``shed`` counts the failed requests whose first failure was a 429/503 answer (the load
+    generator's ``outcome`` ``"shed"``); ``errors`` the other failures, timeouts included. The
+    percentiles are NaN when no request was answered.
+    """
     ok = requests[requests["ok"]]
+    if "outcome" in requests.columns:
+        shed = requests["outcome"] == "shed"
+    else:  # a table without outcomes (not from the load generator): every failure is an error
+        shed = pd.Series(False, index=requests.index)
+    qs = (50, 95, 99, 99.9)
+    latency = percentiles(ok["latency_ms"].to_numpy(), qs) if len(ok) else {f"p{q:g}": math.nan for q in qs}
     return {
-        **percentiles(ok["latency_ms"].to_numpy(), (50, 95, 99, 99.9)),
-        "errors": int((~requests["ok"]).sum()),
+        **latency,
+        "errors": int((~requests["ok"] & ~shed).sum()),
+        "shed": int(shed.sum()),
         "extra_requests": stats.extra_request_fraction,
         "hedge_wins": stats.hedge_wins,
         "copies_cancelled": stats.cancelled,

@@ -47,6 +47,7 @@ from sklearn.pipeline import Pipeline
 
 from course_lib.churn.data import DATA_DIR, FEATURE_COLUMNS
 from course_lib.churn.model import ChurnModel, load_or_train_churn_model
+from course_lib.core.checks import callable_, instance_of
 from course_lib.serving.feature_store import FeatureStore
 from course_lib.serving.profiling import RequestProfile
 
@@ -95,14 +96,10 @@ class SlowChurnScorer:
         log_path: str | Path,
         lookup: Callable[[str], dict[str, object] | None] | None = None,
     ):
-        if not isinstance(store, FeatureStore):
-            raise TypeError(
-                f"store must be a course_lib.serving.feature_store._lookup.FeatureStore, got {type(store).__name__}"
-            )
-        if not isinstance(pipeline, Pipeline):
-            raise TypeError(f"pipeline must be a fitted sklearn Pipeline, got {type(pipeline).__name__}")
-        if lookup is not None and not callable(lookup):
-            raise TypeError(f"lookup must be a callable customer_id -> features or None, got {lookup!r}")
+        instance_of("store", store, FeatureStore)
+        instance_of("pipeline", pipeline, Pipeline)
+        if lookup is not None:
+            callable_("lookup", lookup)
         self.store = store
         self._lookup = lookup if lookup is not None else (lambda cid: store.get(cid, use_index=False))
         self._model_bytes = pickle.dumps(pipeline)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentile, percentiles
 from course_lib.serving.batching.rule import TRIGGERS, check_batching_params, next_batch_size
 from course_lib.simulate.traffic import poisson_arrivals_ms
@@ -51,21 +52,12 @@ ServiceTime = float | Callable[[int], float]
 def _service_fn(service_time_ms: ServiceTime) -> Callable[[int], float]:
     if callable(service_time_ms):
         fn = service_time_ms
-    elif isinstance(service_time_ms, (int, float, np.number)) and not isinstance(service_time_ms, bool):
-        constant = float(service_time_ms)
-        if not math.isfinite(constant) or constant < 0:
-            raise ValueError(f"service_time_ms must be a finite number >= 0 ms, got {service_time_ms!r}")
-        fn = lambda _size: constant  # noqa: E731
     else:
-        raise TypeError(
-            f"service_time_ms must be a number of ms or a callable batch_size -> ms, got {type(service_time_ms).__name__}"
-        )
+        constant = positive_number("service_time_ms", service_time_ms, allow_zero=True)
+        fn = lambda _size: constant  # noqa: E731
 
     def checked(size: int) -> float:
-        ms = float(fn(size))
-        if not math.isfinite(ms) or ms < 0:
-            raise ValueError(f"service_time_ms({size}) must be a finite number >= 0 ms, got {ms!r}")
-        return ms
+        return positive_number(f"service_time_ms({size})", fn(size), allow_zero=True)
 
     return checked
 
@@ -201,8 +193,7 @@ def simulate_dynamic_batching(
     max_batch_size, delay, preferred = check_batching_params(
         max_batch_size, max_queue_delay_ms, preferred_batch_sizes
     )
-    if isinstance(instances, bool) or not isinstance(instances, (int, np.integer)) or instances < 1:
-        raise ValueError(f"instances must be an integer >= 1, got {instances!r}")
+    instances = integer("instances", instances, min=1)
     arrivals = _check_arrivals(arrival_times_ms)
     service = _service_fn(service_time_ms)
 

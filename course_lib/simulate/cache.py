@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.core.checks import integer, integers, non_empty, number
+
 __all__ = [
     "FifoCache",
     "hit_rates_from_distances",
@@ -38,12 +40,6 @@ __all__ = [
     "simulate_ttl_lru",
     "size_for_hit_rate",
 ]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _previous_occurrence(keys: np.ndarray) -> np.ndarray:
@@ -148,10 +144,8 @@ def hit_rates_from_distances(distances: np.ndarray, sizes: Iterable[int]) -> np.
     ValueError
         If ``distances`` is empty or a size is not a positive integer.
     """
-    checked = [_positive_int("sizes", s) for s in sizes]
-    distances = np.asarray(distances)
-    if len(distances) == 0:
-        raise ValueError("distances is empty: a hit rate needs at least one request")
+    checked = integers("sizes", sizes, min=1, allow_empty=True)
+    distances = non_empty("distances", np.asarray(distances))
     reused = np.sort(distances[distances >= 0])
     return np.searchsorted(reused, np.asarray(checked), side="left") / len(distances)
 
@@ -163,14 +157,13 @@ def ideal_hit_rates(weights: np.ndarray, sizes: Iterable[int]) -> np.ndarray:
     of the largest ``size`` of them, the best any cache of that size can do in the long run.
     """
     ordered = np.cumsum(np.sort(np.asarray(weights, dtype=np.float64))[::-1])
-    idx = np.minimum(np.asarray([_positive_int("sizes", s) for s in sizes]), len(ordered)) - 1
+    idx = np.minimum(np.asarray(integers("sizes", sizes, min=1, allow_empty=True)), len(ordered)) - 1
     return ordered[idx] / ordered[-1]
 
 
 def size_for_hit_rate(sizes: Sequence[int], hit_rates: Sequence[float], target: float) -> int | None:
     """The smallest size whose hit rate reaches ``target`` (sizes ascending), or None if none does."""
-    if not 0 < target <= 1:
-        raise ValueError(f"target must be a hit rate in (0, 1], got {target!r}")
+    target = number("target", target, min=0, max=1, min_open=True)
     for size, rate in zip(sizes, hit_rates, strict=True):
         if rate >= target:
             return int(size)
@@ -207,9 +200,8 @@ def simulate_ttl_lru(
     ValueError
         Mismatched lengths, times going backwards, or an invalid size or TTL.
     """
-    size = _positive_int("maxsize", maxsize)
-    if not (isinstance(ttl_s, (int, float)) and ttl_s > 0):
-        raise ValueError(f"ttl_s must be > 0 seconds (math.inf for none), got {ttl_s!r}")
+    size = integer("maxsize", maxsize, min=1)
+    ttl_s = number("ttl_s", ttl_s, min=0, min_open=True, finite=False)
     times = np.asarray(times_s, dtype=np.float64)
     keys_list = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
     if len(times) != len(keys_list):
@@ -254,7 +246,7 @@ class FifoCache:
     """
 
     def __init__(self, maxsize: int):
-        self.maxsize = _positive_int("maxsize", maxsize)
+        self.maxsize = integer("maxsize", maxsize, min=1)
         self._data: dict[Hashable, Any] = {}
         self.hits = self.misses = 0
 

@@ -35,7 +35,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from course_lib.simulate.hpa import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, HPA, ScalingRules
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, one_of, positive_number
+from course_lib.simulate.hpa import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    DEFAULT_SYNC_PERIOD_S,
+    HPA,
+    ScalingRules,
+    check_replica_bounds,
+)
 
 __all__ = [
     "SIGNALS",
@@ -65,7 +73,7 @@ class FleetConfig:
     max_replicas: int = 12
     capacity_rps: float = 50.0
     startup_s: int = 30
-    sync_period_s: int = 15
+    sync_period_s: int = DEFAULT_SYNC_PERIOD_S
     metric_window_s: int = 30
     cpu_window_s: int = 60
     queue_limit_s: float = 2.0
@@ -77,22 +85,15 @@ class FleetConfig:
     scale_down: ScalingRules = DEFAULT_SCALE_DOWN
 
     def __post_init__(self) -> None:
-        if self.signal not in SIGNALS:
-            raise ValueError(f"signal must be one of {SIGNALS}, got {self.signal!r}")
+        one_of("signal", self.signal, SIGNALS)
         for name in ("target", "capacity_rps", "queue_limit_s", "slo_p99_ms", "price_per_replica_hour"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            positive_number(name, getattr(self, name))
         if self.signal == "cpu" and not self.target <= 100:
-            raise ValueError(f"a cpu target is a percentage in (0, 100], got {self.target!r}")
-        for name in ("startup_s", "sync_period_s", "metric_window_s", "cpu_window_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (0 if name == "startup_s" else 1):
-                raise ValueError(f"{name} must be a whole number of seconds, got {value!r}")
-        if not isinstance(self.min_replicas, int) or self.min_replicas < 1:
-            raise ValueError(f"min_replicas must be an integer >= 1, got {self.min_replicas!r}")
-        if not isinstance(self.max_replicas, int) or self.max_replicas < self.min_replicas:
-            raise ValueError(f"max_replicas must be an integer >= min_replicas, got {self.max_replicas!r}")
+            raise InvalidArgumentError(f"a cpu target is a percentage in (0, 100], got {self.target!r}")
+        integer("startup_s", self.startup_s, min=0)
+        for name in ("sync_period_s", "metric_window_s", "cpu_window_s"):
+            integer(name, getattr(self, name), min=1)
+        check_replica_bounds(self.min_replicas, self.max_replicas)
 
 
 @dataclass
@@ -133,8 +134,7 @@ def mixture_quantile_s(
     in seconds, NaN where a row's weights sum to 0. Raises ``ValueError`` for q outside (0, 1) or
     mismatched shapes.
     """
-    if not 0 < q < 1:
-        raise ValueError(f"q must be a fraction in (0, 1), got {q!r}")
+    q = number("q", q, min=0, max=1, min_open=True, max_open=True)
     delay_s, rate_per_s, weight = (
         np.atleast_2d(np.asarray(a, dtype=float)) for a in (delay_s, rate_per_s, weight)
     )
@@ -167,10 +167,8 @@ def targets_for_utilization(utilization: float, capacity_rps: float) -> dict[str
     >>> targets_for_utilization(0.6, 50.0)["rps"]
     30.0
     """
-    if not 0 < utilization < 1:
-        raise ValueError(f"utilization must be a fraction in (0, 1), got {utilization!r}")
-    if not capacity_rps > 0:
-        raise ValueError(f"capacity_rps must be > 0, got {capacity_rps!r}")
+    utilization = number("utilization", utilization, min=0, max=1, min_open=True, max_open=True)
+    capacity_rps = positive_number("capacity_rps", capacity_rps)
     rho = utilization
     return {
         "cpu": round(100 * rho, 6),
@@ -221,8 +219,8 @@ def simulate_day(cfg: FleetConfig, arrivals: np.ndarray) -> DayResult:
     arrivals give the same result. Raises ``ValueError`` for negative or non-integer arrivals or a day
     shorter than one minute.
     """
-    arrivals = np.asarray(arrivals)
-    if arrivals.ndim != 1 or len(arrivals) < 60 or not np.issubdtype(arrivals.dtype, np.integer):
+    arrivals = non_empty("arrivals", np.asarray(arrivals), min_items=60)  # a minute at least
+    if arrivals.ndim != 1 or not np.issubdtype(arrivals.dtype, np.integer):
         raise ValueError("arrivals must be a 1-D integer array of at least 60 seconds")
     if (arrivals < 0).any():
         raise ValueError("arrivals must be >= 0 requests in every second")

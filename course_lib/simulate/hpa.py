@@ -14,35 +14,58 @@ Each sync period (15 s by default) the HPA controller:
    +100 % per 15 s; default scale-down: -100 % per 15 s;
 4. clamps to ``[min_replicas, max_replicas]``.
 
+The Kubernetes numbers (defaults and the API server's bounds) are named once, here, and
+:mod:`course_lib.simulate.fleet` and :mod:`course_lib.operate.hpa_manifest` use these names.
+
 References
 ----------
 Kubernetes documentation, "Horizontal Pod Autoscaling", sections "Algorithm details", "Stabilization
 window", "Scaling policies" and "Default behavior"; kubernetes/kubernetes
 ``pkg/controller/podautoscaler/horizontal.go`` (``stabilizeRecommendationWithBehaviors``,
-``calculateScaleUpLimitWithScalingRules``, ``calculateScaleDownLimitWithBehaviors``) and
-``pkg/apis/autoscaling/v2/defaults.go`` (the default policies quoted above).
+``calculateScaleUpLimitWithScalingRules``, ``calculateScaleDownLimitWithBehaviors``),
+``pkg/apis/autoscaling/v2/defaults.go`` (the default policies quoted above) and
+``pkg/apis/autoscaling/validation/validation.go`` (``MaxPeriodSeconds``, ``MaxStabilizationWindowSeconds``);
+kube-controller-manager's flags ``--horizontal-pod-autoscaler-sync-period`` and
+``--horizontal-pod-autoscaler-tolerance``.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, one_of, positive_number
+
 __all__ = [
     "DEFAULT_SCALE_DOWN",
     "DEFAULT_SCALE_UP",
+    "DEFAULT_SYNC_PERIOD_S",
     "DEFAULT_TOLERANCE",
     "HPA",
+    "MAX_POLICY_PERIOD_S",
+    "MAX_STABILIZATION_WINDOW_S",
+    "POLICY_TYPES",
+    "SELECT_POLICIES",
     "ScalingPolicy",
     "ScalingRules",
+    "check_replica_bounds",
     "desired_replicas",
 ]
 
 #: ``--horizontal-pod-autoscaler-tolerance``: changes within 10 % of the target are ignored.
 DEFAULT_TOLERANCE = 0.1
+#: ``--horizontal-pod-autoscaler-sync-period``: the controller reads the metrics every 15 s.
+DEFAULT_SYNC_PERIOD_S = 15
+#: Longest scaling-policy ``periodSeconds`` the API server accepts (validation.go ``MaxPeriodSeconds``).
+MAX_POLICY_PERIOD_S = 1800
+#: Longest ``stabilizationWindowSeconds`` it accepts (validation.go ``MaxStabilizationWindowSeconds``).
+MAX_STABILIZATION_WINDOW_S = 3600
+#: ``HPAScalingPolicy.type``: a number of pods or a percentage of the current replicas per period.
+POLICY_TYPES: tuple[str, ...] = ("Pods", "Percent")
+#: ``HPAScalingRules.selectPolicy``: the most permissive policy, the least, or no scaling that way.
+SELECT_POLICIES: tuple[str, ...] = ("Max", "Min", "Disabled")
 
 
 @dataclass(frozen=True)
@@ -54,12 +77,9 @@ class ScalingPolicy:
     period_s: int
 
     def __post_init__(self) -> None:
-        if self.type not in ("Pods", "Percent"):
-            raise ValueError(f"type must be 'Pods' or 'Percent', got {self.type!r}")
-        if not isinstance(self.value, int) or self.value < 1:
-            raise ValueError(f"value must be an integer >= 1, got {self.value!r}")
-        if not isinstance(self.period_s, int) or not 1 <= self.period_s <= 1800:
-            raise ValueError(f"period_s must be an integer in [1, 1800] seconds, got {self.period_s!r}")
+        one_of("type", self.type, POLICY_TYPES)
+        integer("value", self.value, min=1)
+        integer("period_s", self.period_s, min=1, max=MAX_POLICY_PERIOD_S)
 
 
 @dataclass(frozen=True)
@@ -71,20 +91,44 @@ class ScalingRules:
     select_policy: Literal["Max", "Min", "Disabled"] = "Max"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stabilization_window_s, int) or not 0 <= self.stabilization_window_s <= 3600:
-            raise ValueError(
-                f"stabilization_window_s must be an integer in [0, 3600], got {self.stabilization_window_s!r}"
-            )
-        if self.select_policy not in ("Max", "Min", "Disabled"):
-            raise ValueError(f"select_policy must be 'Max', 'Min' or 'Disabled', got {self.select_policy!r}")
+        integer("stabilization_window_s", self.stabilization_window_s, min=0, max=MAX_STABILIZATION_WINDOW_S)
+        one_of("select_policy", self.select_policy, SELECT_POLICIES)
         if not self.policies and self.select_policy != "Disabled":
-            raise ValueError("policies must not be empty unless select_policy is 'Disabled'")
+            raise InvalidArgumentError("policies must not be empty unless select_policy is 'Disabled'")
 
 
 #: Kubernetes' default scale-up behaviour (defaults.go): no stabilization, max(+4 pods, +100 %) per 15 s.
-DEFAULT_SCALE_UP = ScalingRules(0, (ScalingPolicy("Pods", 4, 15), ScalingPolicy("Percent", 100, 15)))
-#: Kubernetes' default scale-down behaviour: 300 s stabilization, up to -100 % per 15 s.
-DEFAULT_SCALE_DOWN = ScalingRules(300, (ScalingPolicy("Percent", 100, 15),))
+DEFAULT_SCALE_UP = ScalingRules(
+    stabilization_window_s=0,
+    policies=(
+        ScalingPolicy(type="Pods", value=4, period_s=15),
+        ScalingPolicy(type="Percent", value=100, period_s=15),
+    ),
+)
+#: Kubernetes' default scale-down behaviour: 300 s stabilization
+#: (``--horizontal-pod-autoscaler-downscale-stabilization``), up to -100 % per 15 s.
+DEFAULT_SCALE_DOWN = ScalingRules(
+    stabilization_window_s=300,
+    policies=(ScalingPolicy(type="Percent", value=100, period_s=15),),
+)
+
+
+def check_replica_bounds(min_replicas: int, max_replicas: int) -> tuple[int, int]:
+    """``(min_replicas, max_replicas)`` as ints if ``1 <= min_replicas <= max_replicas``.
+
+    The API server's rule for ``spec.minReplicas`` / ``spec.maxReplicas`` (a ``minReplicas`` of 0 needs
+    the ``HPAScaleToZero`` feature gate, which the course does not assume).
+
+    Raises
+    ------
+    course_lib.core.checks.InvalidArgumentError
+        For a non-integer bound, ``min_replicas`` < 1 or ``max_replicas`` < ``min_replicas``.
+    """
+    min_replicas = integer("min_replicas", min_replicas, min=1)
+    max_replicas = integer("max_replicas", max_replicas, min=1)
+    if max_replicas < min_replicas:
+        raise InvalidArgumentError(f"max_replicas must be >= min_replicas={min_replicas}, got {max_replicas}")
+    return min_replicas, max_replicas
 
 
 def desired_replicas(
@@ -123,19 +167,10 @@ def desired_replicas(
     >>> desired_replicas(50, 80, 75)   # ratio 1.067 is within the 10 % tolerance
     50
     """
-    if (
-        isinstance(current_replicas, bool)
-        or not isinstance(current_replicas, numbers.Integral)
-        or current_replicas < 1
-    ):
-        raise ValueError(f"current_replicas must be an integer >= 1, got {current_replicas!r}")
-    current_replicas = int(current_replicas)
-    if not math.isfinite(metric) or metric < 0:
-        raise ValueError(f"metric must be finite and >= 0, got {metric!r}")
-    if not math.isfinite(target) or target <= 0:
-        raise ValueError(f"target must be finite and > 0, got {target!r}")
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"tolerance must be in [0, 1) (0.1 = 10 %), got {tolerance!r}")
+    current_replicas = integer("current_replicas", current_replicas, min=1)
+    metric = positive_number("metric", metric, allow_zero=True)
+    target = positive_number("target", target)
+    tolerance = number("tolerance", tolerance, min=0, max=1, max_open=True)
     ratio = metric / target
     if abs(ratio - 1.0) <= tolerance:
         return current_replicas
@@ -169,18 +204,10 @@ class HPA:
     _last_s: float = field(default=-math.inf, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.min_replicas, int) or self.min_replicas < 1:
-            raise ValueError(f"min_replicas must be an integer >= 1, got {self.min_replicas!r}")
-        if not isinstance(self.max_replicas, int) or self.max_replicas < self.min_replicas:
-            raise ValueError(f"max_replicas must be an integer >= min_replicas, got {self.max_replicas!r}")
-        if not self.targets:
-            raise ValueError("targets must name at least one metric target")
-        self.targets = tuple(float(t) for t in self.targets)
-        bad = [t for t in self.targets if not (math.isfinite(t) and t > 0)]
-        if bad:
-            raise ValueError(f"targets must be finite and > 0, got {bad}")
-        if not 0 <= self.tolerance < 1:
-            raise ValueError(f"tolerance must be in [0, 1) (0.1 = 10 %), got {self.tolerance!r}")
+        check_replica_bounds(self.min_replicas, self.max_replicas)
+        non_empty("targets", self.targets)
+        self.targets = tuple(positive_number(f"targets[{i}]", t) for i, t in enumerate(self.targets))
+        self.tolerance = number("tolerance", self.tolerance, min=0, max=1, max_open=True)
 
     def step(self, now_s: float, current_replicas: int, metrics: Sequence[float]) -> int:
         """One sync period at time ``now_s`` (seconds, increasing): the new replica count.

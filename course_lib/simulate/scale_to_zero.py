@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from course_lib.core.checks import number, positive_number
 from course_lib.core.percentiles import percentile
 
 __all__ = ["ScaleToZeroResult", "scale_to_zero"]
@@ -77,11 +78,9 @@ def scale_to_zero(
     t_arr = np.asarray(arrival_times_s, dtype=float)
     if t_arr.ndim != 1 or not np.isfinite(t_arr).all() or (np.diff(t_arr) < 0).any() or (t_arr < 0).any():
         raise ValueError("arrival_times_s must be a 1-D array of finite, non-decreasing times >= 0 seconds")
-    if not idle_timeout_s >= 0 or not cold_start_s >= 0 or not service_s > 0:
-        raise ValueError(
-            f"idle_timeout_s and cold_start_s must be >= 0 and service_s > 0, "
-            f"got {idle_timeout_s!r}, {cold_start_s!r}, {service_s!r}"
-        )
+    idle_timeout_s = number("idle_timeout_s", idle_timeout_s, min=0, finite=False)
+    cold_start_s = positive_number("cold_start_s", cold_start_s, allow_zero=True)
+    service_s = positive_number("service_s", service_s)
     if horizon_s is not None and not (
         math.isfinite(horizon_s) and horizon_s >= (t_arr[-1] if len(t_arr) else 0)
     ):

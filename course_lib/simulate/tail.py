@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import integer, number, positive_number
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -35,13 +35,6 @@ __all__ = [
     "simulate_hedging",
     "tail_survival",
 ]
-
-
-def _check_fraction(name: str, value: float) -> float:
-    value = positive_number(name, value, allow_zero=True)
-    if value > 1:
-        raise ValueError(f"{name} must be a fraction in [0, 1], got {value!r}")
-    return value
 
 
 def service_times_ms(
@@ -76,11 +69,10 @@ def service_times_ms(
     ValueError
         For n < 1 or a parameter outside its range.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    n = integer("n", n, min=1)
     median_ms = positive_number("median_ms", median_ms)
     sigma = positive_number("sigma", sigma)
-    slow_fraction = _check_fraction("slow_fraction", slow_fraction)
+    slow_fraction = number("slow_fraction", slow_fraction, min=0, max=1)
     slow_ms = positive_number("slow_ms", slow_ms, allow_zero=True)
     rng = np.random.default_rng(seed)
     body = median_ms * np.exp(sigma * rng.standard_normal(int(n)))
@@ -190,8 +182,7 @@ def fanout_page_latency_ms(call_latency_ms: np.ndarray, k: int) -> np.ndarray:
         If k < 1 or there are fewer than k calls.
     """
     arr = np.asarray(call_latency_ms, dtype=float).ravel()
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer number of parallel calls >= 1, got {k!r}")
+    k = integer("k", k, min=1)
     if arr.size < k:
         raise ValueError(f"call_latency_ms holds {arr.size} calls, fewer than one page of k={k}")
     pages = arr.size // k

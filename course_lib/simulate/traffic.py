@@ -26,12 +26,11 @@ GPU" (278 req/s peak) and "Autoscaling" (4 replicas overnight, up to 12 at the e
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib.core.checks import integer, number, positive_number
+from course_lib.core.checks import InvalidArgumentError, integer, number, positive_number
 
 __all__ = [
     "SECONDS_PER_DAY",
@@ -82,22 +81,18 @@ class TrafficDay:
     wobble: float = 0.05
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.peak_rps) or self.peak_rps <= 0:
-            raise ValueError(f"peak_rps must be finite and > 0 requests per second, got {self.peak_rps!r}")
+        positive_number("peak_rps", self.peak_rps)
         hours = [h for h, _ in self.shape]
         if hours[0] != 0 or hours[-1] != 24 or hours != sorted(hours):
-            raise ValueError(f"shape must run from hour 0 to hour 24 in order, got hours {hours}")
+            raise InvalidArgumentError(f"shape must run from hour 0 to hour 24 in order, got hours {hours}")
         if any(not 0 <= f <= 10 for _, f in self.shape):
-            raise ValueError("shape fractions must be in [0, 10] (fractions of peak_rps, not percentages)")
-        if not 0 <= self.spike_start_s < SECONDS_PER_DAY or self.spike_duration_s < 0:
-            raise ValueError(
-                f"spike_start_s must be in [0, 86400) and spike_duration_s >= 0, "
-                f"got {self.spike_start_s!r}, {self.spike_duration_s!r}"
+            raise InvalidArgumentError(
+                "shape fractions must be in [0, 10] (fractions of peak_rps, not percentages)"
             )
-        if not self.spike_factor >= 1:
-            raise ValueError(f"spike_factor must be >= 1 (a multiplier), got {self.spike_factor!r}")
-        if not 0 <= self.wobble < 0.5:
-            raise ValueError(f"wobble must be in [0, 0.5), got {self.wobble!r}")
+        number("spike_start_s", self.spike_start_s, min=0, max=SECONDS_PER_DAY, max_open=True)
+        positive_number("spike_duration_s", self.spike_duration_s, allow_zero=True)
+        number("spike_factor", self.spike_factor, min=1)
+        number("wobble", self.wobble, min=0, max=0.5, max_open=True)
 
 
 def rate_per_second(day: TrafficDay, *, seed: int = 0) -> np.ndarray:
@@ -234,8 +229,8 @@ def poisson_arrival_times_s(rate_per_hour: float, hours: float, *, seed: int) ->
 
     Raises ``ValueError`` for a rate or duration that is not finite and > 0.
     """
-    if not (math.isfinite(rate_per_hour) and rate_per_hour > 0 and math.isfinite(hours) and hours > 0):
-        raise ValueError(f"rate_per_hour and hours must be finite and > 0, got {rate_per_hour!r}, {hours!r}")
+    rate_per_hour = positive_number("rate_per_hour", rate_per_hour)
+    hours = positive_number("hours", hours)
     rng = np.random.default_rng(seed)
     n = rng.poisson(rate_per_hour * hours)
     return np.sort(rng.uniform(0.0, hours * 3600.0, n))

@@ -27,6 +27,7 @@ from sklearn.pipeline import Pipeline
 from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, TELCO_SHA256
 from course_lib.churn.export._metadata import METADATA_DATA_SHA256, METADATA_MODEL_VERSION, stamp_identity
 from course_lib.churn.schema import check_frame, check_records
+from course_lib.core.checks import instance_of, integer, non_empty, one_of, positive_number
 
 __all__ = [
     "METADATA_DATA_SHA256",
@@ -159,16 +160,9 @@ def make_session(
     FileNotFoundError
         If ``model`` is a path that does not exist.
     """
-    for name, value in (
-        ("intra_op_num_threads", intra_op_num_threads),
-        ("inter_op_num_threads", inter_op_num_threads),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0 (0 = ONNX Runtime's default), got {value!r}")
-    if graph_optimization_level not in _GRAPH_LEVELS:
-        raise ValueError(
-            f"graph_optimization_level must be one of {sorted(_GRAPH_LEVELS)}, got {graph_optimization_level!r}"
-        )
+    intra_op_num_threads = integer("intra_op_num_threads", intra_op_num_threads, min=0)
+    inter_op_num_threads = integer("inter_op_num_threads", inter_op_num_threads, min=0)
+    one_of("graph_optimization_level", graph_optimization_level, sorted(_GRAPH_LEVELS))
     available = ort.get_available_providers()
     missing = [p for p in providers if p not in available]
     if missing:
@@ -227,10 +221,7 @@ class OnnxChurnScorer:
         TypeError
             If ``X`` is not a DataFrame.
         """
-        if not isinstance(X, pd.DataFrame):
-            raise TypeError(
-                f"X must be a pandas DataFrame of the {len(self.input_names)} feature columns, got {type(X).__name__}"
-            )
+        instance_of("X", X, pd.DataFrame)
         extra = [c for c in X.columns if c not in self.input_names]
         if extra:
             hint = difflib.get_close_matches(str(extra[0]), self.input_names, n=1)
@@ -352,10 +343,8 @@ def check_parity(
     ValueError
         If ``X`` is empty or ``atol`` is negative.
     """
-    if len(X) == 0:
-        raise ValueError("X must hold at least one row to check parity")
-    if atol < 0:
-        raise ValueError(f"atol must be >= 0, got {atol}")
+    non_empty("X", X)
+    atol = positive_number("atol", atol, allow_zero=True)
     p_native = pipeline.predict_proba(X)[:, 1]
     p_onnx = scorer.predict_proba(X).astype(np.float64)
     diff = np.abs(p_native - p_onnx)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from course_lib.churn.pruning import served_rounds
+from course_lib.core.checks import non_empty, one_of
 from course_lib.measure.throughput._measure import Candidate
 
 __all__ = ["churn_candidates"]
@@ -73,13 +74,9 @@ def churn_candidates(
     from course_lib.churn.export import OnnxChurnScorer, make_session
     from course_lib.churn.model import features
 
-    unknown = set(runtimes) - {"onnxruntime", "xgboost"}
-    if unknown or not runtimes:
-        raise ValueError(
-            f"runtimes must be a non-empty subset of ['onnxruntime', 'xgboost'], got {runtimes!r}"
-        )
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    for i, runtime in enumerate(non_empty("runtimes", runtimes)):
+        one_of(f"runtimes[{i}]", runtime, ("onnxruntime", "xgboost"))
+    one_of("device", device, ("cpu", "cuda"))
     customers = features(make_customers(n_rows, seed=seed))
     out: list[Candidate] = []
     if "onnxruntime" in runtimes:

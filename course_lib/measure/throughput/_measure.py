@@ -50,6 +50,14 @@ import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
 from course_lib.core.bench import calls_per_round, interleaved_rounds_ns, p99_median_of_rounds_us
+from course_lib.core.checks import (
+    distinct,
+    integer,
+    integers,
+    non_empty,
+    number,
+    positive_number,
+)
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -104,15 +112,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
-    sizes = list(batch_sizes)
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
-        raise ValueError(f"batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r}")
-    if len(set(sizes)) != len(sizes):
-        raise ValueError(f"batch_sizes must not repeat, got {batch_sizes!r}")
-    return sorted(int(b) for b in sizes)
-
-
 def measure_batch_latency(
     candidates: Sequence[Candidate],
     batch_sizes: Sequence[int],
@@ -154,14 +153,10 @@ def measure_batch_latency(
     ValueError
         For no candidates, duplicate names, bad batch sizes or bad counts.
     """
-    if not candidates:
-        raise ValueError("candidates must hold at least one Candidate")
-    names = [c.name for c in candidates]
-    if len(set(names)) != len(names):
-        raise ValueError(f"candidate names must be unique, got {names}")
-    sizes = _check_batch_sizes(batch_sizes)
-    if not (isinstance(warmup_calls, int) and warmup_calls >= 0):
-        raise ValueError(f"warmup_calls must be an integer >= 0, got {warmup_calls!r}")
+    non_empty("candidates", candidates)
+    distinct("candidate names", [c.name for c in candidates])
+    sizes = sorted(distinct("batch_sizes", integers("batch_sizes", batch_sizes, min=1)))
+    warmup_calls = integer("warmup_calls", warmup_calls, min=0)
     # the harness's call-count rule checks target_s, rounds and the bounds before anything runs
     calls_per_round(0.0, target_s=target_s, rounds=rounds, min_calls=min_calls, max_calls=max_calls)
     rows = []
@@ -228,10 +223,8 @@ def rps_at_p99_limit(
     ValueError
         For a non-positive limit, ``wait_factor`` < 1, or a table missing a column.
     """
-    if not (isinstance(p99_limit_ms, (int, float)) and math.isfinite(p99_limit_ms) and p99_limit_ms > 0):
-        raise ValueError(f"p99_limit_ms must be a finite number of milliseconds > 0, got {p99_limit_ms!r}")
-    if not wait_factor >= 1:
-        raise ValueError(f"wait_factor must be >= 1, got {wait_factor!r}")
+    p99_limit_ms = positive_number("p99_limit_ms", p99_limit_ms)
+    wait_factor = number("wait_factor", wait_factor, min=1)
     missing = {"candidate", "batch_size", p99_column, "rps_at_full_use"} - set(table.columns)
     if missing:
         raise ValueError(f"table is missing columns {sorted(missing)}; build it with measure_batch_latency")

@@ -19,6 +19,8 @@ import copy
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from course_lib.core.checks import instance_of
+
 __all__ = ["convert_to_fp16"]
 
 
@@ -94,8 +96,7 @@ def convert_to_fp16(
     """
     from onnxconverter_common import float16
 
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"model must be an onnx.ModelProto, got {type(model).__name__}")
+    instance_of("model", model, onnx.ModelProto)
     work = copy.deepcopy(model)
     types = _elem_types(work)
     if any(t == TensorProto.FLOAT16 for t in types.values()):

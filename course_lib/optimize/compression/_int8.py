@@ -21,6 +21,7 @@ import onnx
 import pandas as pd
 from onnx import numpy_helper
 
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty
 from course_lib.optimize.compression._quantizability import load_model_proto
 
 __all__ = ["CALIBRATION_METHODS", "FeedsCalibrationReader", "activation_ranges"]
@@ -49,19 +50,14 @@ class FeedsCalibrationReader:
     """
 
     def __init__(self, feeds: Mapping[str, np.ndarray], batch_size: int = 1):
-        if not feeds:
-            raise ValueError("feeds must hold at least one input array")
+        non_empty("feeds", feeds)
         lengths = {name: len(arr) for name, arr in feeds.items()}
         n_rows = next(iter(lengths.values()))
         if len(set(lengths.values())) != 1 or n_rows == 0:
             raise ValueError(f"every feed must have the same, non-zero number of rows; got {lengths}")
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, int)
-            or batch_size < 1
-            or n_rows % batch_size
-        ):
-            raise ValueError(
+        batch_size = integer("batch_size", batch_size, min=1)
+        if n_rows % batch_size:
+            raise InvalidArgumentError(
                 f"batch_size must be a positive divisor of the {n_rows} calibration rows, got {batch_size!r}"
             )
         self.feeds = dict(feeds)

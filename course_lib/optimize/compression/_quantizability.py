@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from course_lib.core.checks import instance_of
+
 __all__ = [
     "NotQuantizableError",
     "QuantizabilityReport",
@@ -52,12 +54,8 @@ def load_model_proto(model: onnx.ModelProto | str | Path, name: str = "model") -
     FileNotFoundError
         If the path does not exist.
     """
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(instance_of(name, model, (onnx.ModelProto, str, Path)), onnx.ModelProto):
         return model
-    if not isinstance(model, (str, Path)):
-        raise TypeError(
-            f"{name} must be an onnx.ModelProto or a path to a .onnx file, got {type(model).__name__}"
-        )
     path = Path(model)
     if not path.is_file():
         raise FileNotFoundError(f"{name}: ONNX file not found: {path}")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import pandas as pd
+
+from course_lib.core.checks import integer, one_of
 
 __all__ = ["BYTES_PER_PARAMETER", "expected_size_bytes", "size_table"]
 
@@ -47,11 +48,9 @@ def expected_size_bytes(n_parameters: int, precision: str) -> int:
     ----------
     Kirana Kart module 19, "Quantisation" (100,000,000 parameters -> 400 / 200 / 100 MB).
     """
-    if isinstance(n_parameters, bool) or not isinstance(n_parameters, (int, np.integer)) or n_parameters < 1:
-        raise ValueError(f"n_parameters must be a positive integer, got {n_parameters!r}")
-    if precision not in BYTES_PER_PARAMETER:
-        raise ValueError(f"precision must be one of {sorted(BYTES_PER_PARAMETER)}, got {precision!r}")
-    return int(n_parameters) * BYTES_PER_PARAMETER[precision]
+    n_parameters = integer("n_parameters", n_parameters, min=1)
+    one_of("precision", precision, sorted(BYTES_PER_PARAMETER))
+    return n_parameters * BYTES_PER_PARAMETER[precision]
 
 
 def size_table(n_parameters: int, file_bytes: Mapping[str, int] | None = None) -> pd.DataFrame:
@@ -91,8 +90,7 @@ def size_table(n_parameters: int, file_bytes: Mapping[str, int] | None = None) -
         rows = {}
         for name, size in file_bytes.items():
             precision = _precision_of(name)
-            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-                raise ValueError(f"file_bytes[{name!r}] must be a positive integer, got {size!r}")
+            size = integer(f"file_bytes[{name!r}]", size, min=1)
             expected = expected_size_bytes(n_parameters, precision)
             rows[name] = {
                 "bytes_per_parameter": BYTES_PER_PARAMETER[precision],

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from course_lib.core.checks import InvalidArgumentError, instance_of, one_of
 from course_lib.optimize.compression._fp16 import convert_to_fp16
 from course_lib.optimize.compression._int8 import (
     CALIBRATION_METHODS,
@@ -58,17 +59,16 @@ VARIANT_MODES: tuple[str, ...] = ("fp16", "int8-dynamic", "int8-static")
 
 
 def _check_paths(src: str | Path, dst: str | Path) -> tuple[Path, Path]:
-    if not isinstance(src, (str, Path)) or not isinstance(dst, (str, Path)):
-        raise TypeError(f"src and dst must be paths, got {type(src).__name__} and {type(dst).__name__}")
-    src_p, dst_p = Path(src), Path(dst)
+    src_p = Path(instance_of("src", src, (str, Path)))
+    dst_p = Path(instance_of("dst", dst, (str, Path)))
     if not src_p.is_file():
         raise FileNotFoundError(f"src: FP32 ONNX file not found: {src_p}")
     if dst_p.suffix != ".onnx":
-        raise ValueError(f"dst must end in .onnx, got {dst_p.name!r}")
+        raise InvalidArgumentError(f"dst must end in .onnx, got {dst_p.name!r}")
     if not dst_p.parent.is_dir():
         raise FileNotFoundError(f"dst folder does not exist: {dst_p.parent} (create it first)")
     if dst_p.resolve() == src_p.resolve():
-        raise ValueError(f"dst must differ from src; both are {src_p}")
+        raise InvalidArgumentError(f"dst must differ from src; both are {src_p}")
     return src_p, dst_p
 
 
@@ -125,16 +125,12 @@ def make_variant(
         For an INT8 mode when the graph has no weights ONNX Runtime can quantize (e.g. a tree
         ensemble): the error's ``report`` says where the model's numbers live.
     """
-    if mode not in VARIANT_MODES:
-        raise ValueError(f"mode must be one of {list(VARIANT_MODES)}, got {mode!r}")
-    if calibration_method not in CALIBRATION_METHODS:
-        raise ValueError(
-            f"calibration_method must be one of {list(CALIBRATION_METHODS)}, got {calibration_method!r}"
-        )
+    one_of("mode", mode, VARIANT_MODES)
+    one_of("calibration_method", calibration_method, CALIBRATION_METHODS)
     if mode == "int8-static" and calibration_feeds is None:
-        raise ValueError("mode 'int8-static' needs calibration_feeds (a held-out calibration set)")
+        raise InvalidArgumentError("mode 'int8-static' needs calibration_feeds (a held-out calibration set)")
     if mode != "int8-static" and calibration_feeds is not None:
-        raise ValueError(f"calibration_feeds are only used by mode 'int8-static', not {mode!r}")
+        raise InvalidArgumentError(f"calibration_feeds are only used by mode 'int8-static', not {mode!r}")
     src_p, dst_p = _check_paths(src, dst)
     fp32 = onnx.load(str(src_p))
     if mode == "fp16":

@@ -53,6 +53,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
+from course_lib.core.checks import callable_, integer
 from course_lib.serving.batching._queue import QueueEntry, RequestQueue
 from course_lib.serving.batching._results import (
     BatchedResult,
@@ -128,18 +129,14 @@ class DynamicBatcher(Generic[T, R]):
         instances: int = 1,
         run_in_thread: bool = True,
     ):
-        if not callable(score_batch):
-            raise TypeError(f"score_batch must be callable, got {type(score_batch).__name__}")
-        if dedup_key is not None and not callable(dedup_key):
-            raise TypeError(f"dedup_key must be callable or None, got {type(dedup_key).__name__}")
+        callable_("score_batch", score_batch)
+        if dedup_key is not None:
+            callable_("dedup_key", dedup_key)
         self.max_batch_size, self.max_queue_delay_ms, self.preferred_batch_sizes = check_batching_params(
             max_batch_size, max_queue_delay_ms, preferred_batch_sizes
         )
-        for name, value in (("max_queue_size", max_queue_size), ("instances", instances)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.max_queue_size = max_queue_size
-        self.instances = instances
+        self.max_queue_size = integer("max_queue_size", max_queue_size, min=1)
+        self.instances = integer("instances", instances, min=1)
         self.run_in_thread = bool(run_in_thread)
         self._score_batch = score_batch
         self._dedup_key = dedup_key

@@ -40,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from course_lib.churn.data import FEATURE_COLUMNS
+from course_lib.core.checks import one_of
 from course_lib.serving.batching.batcher import (
     BatchedResult,
     BatcherClosedError,
@@ -131,8 +132,7 @@ def churn_service(
     course_lib.churn.export._onnx.ModelMismatchError
         If ``onnx_scorer`` was exported from another model than ``churn_model`` (or has no version).
     """
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    one_of("runtime", runtime, RUNTIMES)
     if churn_model is None:
         from course_lib.churn.model import load_or_train_churn_model
 
@@ -291,8 +291,7 @@ def _server_command(
     store_folder: str | Path | None = None,
     **config: Any,
 ) -> list[str]:
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    one_of("runtime", runtime, RUNTIMES)
     server_config, unknown = split_config(config)
     if unknown:
         raise TypeError(f"unknown server options {sorted(unknown)}")

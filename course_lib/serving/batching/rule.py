@@ -25,10 +25,9 @@ Harchol-Balter, "Performance Modeling and Design of Computer Systems", 2013, ch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
-import numpy as np
+from course_lib.core.checks import integer, integers, positive_number
 
 __all__ = ["TRIGGERS", "check_batching_params", "next_batch_size"]
 
@@ -38,10 +37,6 @@ __all__ = ["TRIGGERS", "check_batching_params", "next_batch_size"]
 #: (0 ms with no delay) while an instance was free. ``instance_free``: the oldest request's delay
 #: had already run out while every instance was busy, and the batch left as soon as one freed.
 TRIGGERS: tuple[str, ...] = ("max_batch_size", "preferred_batch_size", "max_queue_delay", "instance_free")
-
-
-def _is_int(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
 def check_batching_params(
@@ -67,25 +62,12 @@ def check_batching_params(
         For a size below 1, a negative / NaN / infinite delay, or a preferred size outside
         [1, max_batch_size].
     """
-    if not _is_int(max_batch_size) or max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
-    if (
-        isinstance(max_queue_delay_ms, bool)
-        or not isinstance(max_queue_delay_ms, (int, float, np.number))
-        or not math.isfinite(max_queue_delay_ms)
-        or max_queue_delay_ms < 0
-    ):
-        raise ValueError(
-            f"max_queue_delay_ms must be a finite number >= 0 (0 = never wait), got {max_queue_delay_ms!r}"
-        )
-    preferred = tuple(preferred_batch_sizes)
-    for size in preferred:
-        if not _is_int(size) or not 1 <= size <= max_batch_size:
-            raise ValueError(
-                f"preferred_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], got {size!r}"
-            )
-    normalised = tuple(sorted({int(s) for s in preferred})) or (int(max_batch_size),)
-    return int(max_batch_size), float(max_queue_delay_ms), normalised
+    max_batch_size = integer("max_batch_size", max_batch_size, min=1)
+    max_queue_delay_ms = positive_number("max_queue_delay_ms", max_queue_delay_ms, allow_zero=True)
+    preferred = set(
+        integers("preferred_batch_sizes", preferred_batch_sizes, min=1, max=max_batch_size, allow_empty=True)
+    )
+    return max_batch_size, max_queue_delay_ms, tuple(sorted(preferred)) or (max_batch_size,)
 
 
 def next_batch_size(

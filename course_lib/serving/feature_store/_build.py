@@ -15,12 +15,9 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from course_lib.churn.data import (
     CATEGORICAL_LEVELS,
@@ -29,6 +26,8 @@ from course_lib.churn.data import (
     ID_COLUMN,
     make_customers,
 )
+from course_lib.core._io import atomic_path, leftover_temporaries
+from course_lib.core.checks import integer
 
 __all__ = [
     "DEFAULT_N_CUSTOMERS",
@@ -62,14 +61,6 @@ def _sql_type(column: str) -> str:
     return "INTEGER NOT NULL"
 
 
-def _check_population(n_customers: object, seed: object) -> tuple[int, int]:
-    if isinstance(n_customers, bool) or not isinstance(n_customers, (int, np.integer)) or n_customers < 1:
-        raise ValueError(f"n_customers must be a positive integer, got {n_customers!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(n_customers), int(seed)
-
-
 def customer_id(index: int, n_customers: int) -> str:
     """The id ``make_customers(n_customers)`` gives its ``index``-th customer (1-based), e.g. ``SC-0000042``.
 
@@ -78,17 +69,16 @@ def customer_id(index: int, n_customers: int) -> str:
     ValueError
         If ``index`` is not in 1..n_customers.
     """
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 1 <= index <= n_customers:
-        raise ValueError(f"index must be an integer in 1..{n_customers}, got {index!r}")
+    index = integer("index", index, min=1, max=n_customers)
     width = max(7, len(str(n_customers)))  # the width make_customers uses
-    return f"SC-{int(index):0{width}d}"
+    return f"SC-{index:0{width}d}"
 
 
 def feature_store_path(
     n_customers: int = DEFAULT_N_CUSTOMERS, seed: int = DEFAULT_SEED, folder: str | Path | None = None
 ) -> Path:
     """Where the store of population (n_customers, seed) lives: ``build/feature_store/`` by default."""
-    n_customers, seed = _check_population(n_customers, seed)
+    n_customers, seed = integer("n_customers", n_customers, min=1), integer("seed", seed, min=0)
     base = Path(folder) if folder is not None else DATA_DIR.parent / "build" / "feature_store"
     return base / f"customers_n{n_customers}_seed{seed}_v{SCHEMA_VERSION}.sqlite"
 
@@ -142,15 +132,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_temporaries(path: Path) -> list[Path]:
-    """Delete half-written ``<store>.<pid>.<thread>.tmp`` files whose building process has gone.
+    """Delete half-written temporary stores (``course_lib.core._io.atomic_path``) whose builder has gone.
 
     A kernel restarted in the middle of a build leaves its temporary file (~150 MB) behind; a build
     still running in another live process keeps its own.
     """
     removed = []
-    for tmp in path.parent.glob(f"{path.name}.*.tmp"):
-        pid_text = tmp.name[len(path.name) + 1 :].split(".", 1)[0]
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and _pid_alive(int(pid_text)):
+    for tmp, pid in leftover_temporaries(path):
+        if pid != os.getpid() and _pid_alive(pid):
             continue
         tmp.unlink(missing_ok=True)
         removed.append(tmp)
@@ -191,7 +180,7 @@ def build_feature_store(
     ValueError
         If ``n_customers`` or ``seed`` is not a valid integer.
     """
-    n_customers, seed = _check_population(n_customers, seed)
+    n_customers, seed = integer("n_customers", n_customers, min=1), integer("seed", seed, min=0)
     path = feature_store_path(n_customers, seed, folder)
     start = time.perf_counter()
     if not rebuild and _is_complete(path, n_customers, seed):
@@ -200,8 +189,13 @@ def build_feature_store(
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp:
+        _write_store(tmp, n_customers, seed)
+    return FeatureStoreBuild(path, n_customers, seed, True, time.perf_counter() - start, path.stat().st_size)
+
+
+def _write_store(tmp: Path, n_customers: int, seed: int) -> None:
+    """The whole SQLite store of ``make_customers(n_customers, seed)`` into the new file ``tmp``."""
     frame = make_customers(n_customers, seed)
     columns: list[list[object]] = [frame[ID_COLUMN].astype(object).tolist()]
     for col in FEATURE_COLUMNS:
@@ -233,5 +227,3 @@ def build_feature_store(
             con.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
     finally:
         con.close()
-    os.replace(tmp, path)
-    return FeatureStoreBuild(path, n_customers, seed, True, time.perf_counter() - start, path.stat().st_size)

@@ -31,6 +31,7 @@ import numpy as np
 from cachetools import TTLCache
 
 from course_lib.churn.data import FEATURE_COLUMNS, ID_COLUMN
+from course_lib.core.checks import InvalidArgumentError, instance_of, integer, one_of, positive_number
 from course_lib.serving.feature_store._build import (
     DEFAULT_N_CUSTOMERS,
     DEFAULT_SEED,
@@ -125,9 +126,8 @@ class FeatureStore:
 
     def sample_ids(self, k: int, seed: int) -> list[str]:
         """``k`` customer ids drawn uniformly with replacement (seeded), for load loops."""
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        picks = np.random.default_rng(seed).integers(1, self.n_customers + 1, size=int(k))
+        k = integer("k", k, min=1)
+        picks = np.random.default_rng(seed).integers(1, self.n_customers + 1, size=k)
         return [self.customer_id(int(i)) for i in picks]
 
     def get(self, customer_id: str, *, use_index: bool = True) -> dict[str, object] | None:
@@ -154,10 +154,7 @@ class FeatureStore:
         LookupError
             If the id matches more than one row (a corrupted store; never expected).
         """
-        if not isinstance(customer_id, str):
-            raise TypeError(
-                f"customer_id must be a str such as 'SC-0000042', got {type(customer_id).__name__}"
-            )
+        instance_of("customer_id", customer_id, str)
         with self._lock:
             rows = self._con.execute(self._sql[bool(use_index)], (customer_id,)).fetchall()
         if not rows:
@@ -224,10 +221,8 @@ class CachedFeatureStore:
         ttl_s: float = DEFAULT_CACHE_TTL_S,
         timer: Callable[[], float] = time.monotonic,
     ):
-        if isinstance(maxsize, bool) or not isinstance(maxsize, (int, np.integer)) or maxsize < 1:
-            raise ValueError(f"maxsize must be a positive integer number of customers, got {maxsize!r}")
-        if not isinstance(ttl_s, (int, float)) or not ttl_s > 0 or not math.isfinite(ttl_s):
-            raise ValueError(f"ttl_s must be a finite number of seconds > 0, got {ttl_s!r}")
+        maxsize = integer("maxsize", maxsize, min=1)
+        ttl_s = positive_number("ttl_s", ttl_s)
         self.store = store
         self.use_index = bool(use_index)
         self.maxsize, self.ttl_s = int(maxsize), float(ttl_s)
@@ -244,10 +239,7 @@ class CachedFeatureStore:
         Returns a fresh dict each time, so a caller cannot alter what the cache holds; ``None`` for an
         unknown id. Raises ``TypeError`` like ``FeatureStore.get``.
         """
-        if not isinstance(customer_id, str):
-            raise TypeError(
-                f"customer_id must be a str such as 'SC-0000042', got {type(customer_id).__name__}"
-            )
+        instance_of("customer_id", customer_id, str)
         with self._lock:
             record = self._cache.get(customer_id)
             if record is not None:
@@ -311,13 +303,12 @@ def make_lookup(
     ValueError
         If ``mode`` is not one of ``LOOKUP_MODES``, or ``cache`` fronts a different store.
     """
+    one_of("mode", mode, LOOKUP_MODES)
     if mode == "indexed":
         return lambda cid: store.get(cid, use_index=True)
     if mode == "unindexed":
         return lambda cid: store.get(cid, use_index=False)
-    if mode == "cached":
-        front = cache if cache is not None else CachedFeatureStore(store)
-        if front.store is not store:
-            raise ValueError("cache must front the same FeatureStore that was passed as store")
-        return front.get
-    raise ValueError(f"mode must be one of {LOOKUP_MODES}, got {mode!r}")
+    front = cache if cache is not None else CachedFeatureStore(store)
+    if front.store is not store:
+        raise InvalidArgumentError("cache must front the same FeatureStore that was passed as store")
+    return front.get

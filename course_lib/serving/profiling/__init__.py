@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 from course_lib.serving.profiling._server_timing import (
-    check_duration_ms,
     check_metric_name,
     format_server_timing,
     parse_server_timing,
@@ -28,7 +27,6 @@ __all__ = [
     "LatencyBudget",
     "RequestProfile",
     "StageTimer",
-    "check_duration_ms",
     "check_metric_name",
     "format_server_timing",
     "parse_server_timing",

@@ -14,37 +14,31 @@ IETF RFC 9110, section 5.6.2 "Tokens".
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 
-import numpy as np
+from course_lib.core.checks import InvalidArgumentError, instance_of, positive_number
 
-__all__ = ["check_duration_ms", "check_metric_name", "format_server_timing", "parse_server_timing"]
+__all__ = ["check_metric_name", "format_server_timing", "parse_server_timing"]
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: a valid metric name
 
 
 def check_metric_name(name: object, *, what: str = "metric name") -> str:
-    """Return ``name`` if it is a header token; else ``ValueError`` naming ``what`` and the value."""
-    if not isinstance(name, str) or not _TOKEN.match(name):
-        raise ValueError(
+    """Return ``name`` if it is a header token (RFC 9110 ``token``).
+
+    Raises
+    ------
+    course_lib.core.checks.InvalidArgumentError
+        Naming ``what`` and the value: a non-str, an empty string or a character outside the token set.
+    """
+    instance_of(what, name, str)
+    if not _TOKEN.match(name):
+        raise InvalidArgumentError(
             f"{what} must be a non-empty token of letters, digits or !#$%&'*+-.^_`|~ "
             f"(it becomes a Server-Timing metric name), got {name!r}"
         )
     return name
-
-
-def check_duration_ms(name: str, duration_ms: object) -> float:
-    """``duration_ms`` of stage ``name`` as a float; ``TypeError`` if not a number, ``ValueError`` if < 0 or not finite."""
-    if isinstance(duration_ms, bool) or not isinstance(duration_ms, (int, float, np.integer, np.floating)):
-        raise TypeError(
-            f"duration_ms of stage {name!r} must be a number of milliseconds, got {duration_ms!r}"
-        )
-    value = float(duration_ms)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"duration_ms of stage {name!r} must be finite and >= 0, got {duration_ms!r}")
-    return value
 
 
 def format_server_timing(stages_ms: Mapping[str, float], *, decimals: int = 3) -> str:
@@ -72,7 +66,7 @@ def format_server_timing(stages_ms: Mapping[str, float], *, decimals: int = 3) -
     W3C, "Server Timing", section "The Server-Timing header field".
     """
     return ", ".join(
-        f"{check_metric_name(name)};dur={check_duration_ms(name, ms):.{decimals}f}"
+        f"{check_metric_name(name)};dur={positive_number(f'stages_ms[{name!r}]', ms, allow_zero=True):.{decimals}f}"
         for name, ms in stages_ms.items()
     )
 
@@ -98,8 +92,7 @@ def parse_server_timing(header: str) -> dict[str, float]:
     TypeError
         If ``header`` is not a string.
     """
-    if not isinstance(header, str):
-        raise TypeError(f"header must be a str, got {type(header).__name__}")
+    instance_of("header", header, str)
     out: dict[str, float] = {}
     for entry in (part.strip() for part in header.split(",")):
         if not entry:

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from course_lib.core.checks import InvalidArgumentError, instance_of, integer, non_empty, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.serving.profiling._server_timing import (
-    check_duration_ms,
     check_metric_name,
     format_server_timing,
     parse_server_timing,
@@ -68,7 +68,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 def _check_stage_name(name: object) -> str:
     check_metric_name(name, what="stage name")
     if name == END_TO_END:
-        raise ValueError(f"stage name {END_TO_END!r} is reserved for the total")
+        raise InvalidArgumentError(f"stage name {END_TO_END!r} is reserved for the total")
     return name
 
 
@@ -155,7 +155,7 @@ class RequestProfile:
                 f"stage {name!r} was already recorded for request {self.request_id!r}; "
                 "give each stage its own name"
             )
-        self.stages_ms[name] = check_duration_ms(name, duration_ms)
+        self.stages_ms[name] = positive_number("duration_ms", duration_ms, allow_zero=True)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[StageTimer]:
@@ -215,11 +215,17 @@ class LatencyBudget:
         stage_targets_ms: Mapping[str, tuple[float | None, float | None]] | None = None,
     ) -> None:
         self._targets: dict[str, tuple[float | None, float | None]] = {}
+        names = {END_TO_END: ("target_p50_ms", "target_p99_ms")}
         for name, pair in {END_TO_END: (target_p50_ms, target_p99_ms), **(stage_targets_ms or {})}.items():
             if not isinstance(pair, tuple) or len(pair) != 2:
-                raise ValueError(f"stage_targets_ms[{name!r}] must be a (p50_ms, p99_ms) tuple, got {pair!r}")
-            checked = tuple(None if t is None else check_duration_ms(f"target of {name}", t) for t in pair)
-            self._targets[name] = checked  # type: ignore[assignment]
+                raise InvalidArgumentError(
+                    f"stage_targets_ms[{name!r}] must be a (p50_ms, p99_ms) tuple, got {pair!r}"
+                )
+            labels = names.get(name, (f"stage_targets_ms[{name!r}][0]", f"stage_targets_ms[{name!r}][1]"))
+            self._targets[name] = tuple(  # type: ignore[assignment]
+                None if t is None else positive_number(label, t, allow_zero=True)
+                for label, t in zip(labels, pair, strict=True)
+            )
         self.profiles: list[RequestProfile] = []
 
     @property
@@ -240,8 +246,7 @@ class LatencyBudget:
         ValueError
             If it holds no stages.
         """
-        if not isinstance(profile, RequestProfile):
-            raise TypeError(f"profile must be a RequestProfile, got {type(profile).__name__}")
+        instance_of("profile", profile, RequestProfile)
         if not profile.stages_ms:
             raise ValueError(f"profile {profile.request_id!r} holds no stages; time at least one")
         self.profiles.append(profile)
@@ -351,12 +356,9 @@ def profile_requests(
     ValueError
         If ``keys`` is empty, ``warmup_requests`` < 0 or ``time_limit_s`` <= 0.
     """
-    if len(keys) == 0:
-        raise ValueError("keys is empty: give at least one key to send")
-    if isinstance(warmup_requests, bool) or not isinstance(warmup_requests, int) or warmup_requests < 0:
-        raise ValueError(f"warmup_requests must be an integer >= 0, got {warmup_requests!r}")
-    if not time_limit_s > 0:
-        raise ValueError(f"time_limit_s must be > 0 seconds, got {time_limit_s!r}")
+    non_empty("keys", keys)
+    warmup_requests = integer("warmup_requests", warmup_requests, min=0)
+    time_limit_s = positive_number("time_limit_s", time_limit_s)
     out = budget if budget is not None else LatencyBudget()
     for key in keys[:warmup_requests]:
         send(key)

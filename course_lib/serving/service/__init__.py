@@ -6,7 +6,9 @@ Its private modules; this package re-exports their public names:
   in-process by ``ChurnService``; the model-forward adapters ``native_forward`` / ``onnx_forward``.
 * ``course_lib.serving.service._app``: the FastAPI app factory ``create_app`` (``POST /score``,
   ``GET /healthz``, ``GET /stats``) and the body reader ``read_json_body``.
-* ``course_lib.serving.service._client``: ``ChurnClient``, which adds the transport stage on the client side.
+* ``course_lib.serving.service._client``: ``ChurnClient``, which adds the transport stage on the client side,
+  and ``HttpStatusError`` / ``raise_for_status``, the one error every course client raises for a
+  non-2xx answer (``.shed`` for 429/503).
 * ``course_lib.serving.service._strict_json``: ``decode_json``, the strict request-body decoder the parse stage uses.
 
 ``from course_lib.serving.service import ChurnService, create_app, ChurnClient`` keeps working.
@@ -23,7 +25,7 @@ from course_lib.serving.service._app import (
     read_json_body,
     refuse,
 )
-from course_lib.serving.service._client import ChurnClient
+from course_lib.serving.service._client import SHED_STATUSES, ChurnClient, HttpStatusError, raise_for_status
 from course_lib.serving.service._pipeline import (
     MAX_BODY_BYTES,
     MAX_DRAIN_BYTES,
@@ -37,6 +39,7 @@ from course_lib.serving.service._pipeline import (
     ServiceResponse,
     native_forward,
     onnx_forward,
+    run_without_event_loop,
 )
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
 
@@ -46,11 +49,13 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_NUMBER_DIGITS",
     "SERVER_STAGES",
+    "SHED_STATUSES",
     "STAGES",
     "AppCounters",
     "ChurnClient",
     "ChurnService",
     "ClientGoneError",
+    "HttpStatusError",
     "JSONRefusedError",
     "RequestError",
     "ScoreRequest",
@@ -61,6 +66,8 @@ __all__ = [
     "is_json_content_type",
     "native_forward",
     "onnx_forward",
+    "raise_for_status",
     "read_json_body",
     "refuse",
+    "run_without_event_loop",
 ]

@@ -1,19 +1,86 @@
-"""An HTTP client for the churn service that adds the ``transport`` stage to the server's profile.
+"""The client side of the churn service: the one error for a non-2xx answer, and an HTTP client.
+
+``HttpStatusError`` is what every course client raises when a server answers outside 2xx: this
+module's ``ChurnClient``, the hedging client (:mod:`course_lib.serving.hedging`), the load
+generator's targets (:mod:`course_lib.measure.targets`) and the cold-start probe
+(:mod:`course_lib.measure.cold_start`). Its ``shed`` says whether the server shed the request
+(429 or 503: retry later) rather than refused or failed it, and the load generator
+(:func:`course_lib.measure.loadgen.outcome_of`) counts a shed answer as ``"shed"``, not as an error.
+(``RequestError`` is the server's side: the refusal a stage raises to answer with a 4xx.)
 
 References
 ----------
-W3C, "Server Timing" (the response header the client reads). httpx documentation.
+W3C, "Server Timing" (the response header the client reads). RFC 9110, sections 15.6.4 (503 Service
+Unavailable) and 10.2.3 (Retry-After); RFC 6585, section 4 (429 Too Many Requests). httpx documentation.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from course_lib.serving.profiling import RequestProfile, parse_server_timing
-from course_lib.serving.service._pipeline import RequestError
 
-__all__ = ["ChurnClient"]
+__all__ = ["SHED_STATUSES", "ChurnClient", "HttpStatusError", "raise_for_status"]
+
+#: Statuses that say the server shed the request under load: 429 Too Many Requests, 503 Service
+#: Unavailable (RFC 6585 section 4, RFC 9110 section 15.6.4). The request was fine; ask again later.
+SHED_STATUSES: frozenset[int] = frozenset({429, 503})
+
+
+class HttpStatusError(RuntimeError):
+    """A server answered outside 2xx.
+
+    Parameters
+    ----------
+    status : int
+        The HTTP status code.
+    body : str
+        The answer's body (the message quotes its first 200 characters).
+    retry_after : str, optional
+        The ``Retry-After`` header, if the server sent one (a 503 or 429 usually does).
+    where : str
+        Who answered, for the message ("replica 1", "request 17").
+
+    Attributes
+    ----------
+    status, body, retry_after : as given.
+    shed : bool
+        ``status`` is one of ``SHED_STATUSES``.
+    """
+
+    def __init__(self, status: int, body: str = "", *, retry_after: str | None = None, where: str = ""):
+        hint = f" (Retry-After: {retry_after})" if retry_after is not None else ""
+        super().__init__(f"{where + ' answered ' if where else ''}HTTP {status}{hint}: {body[:200]}")
+        self.status = int(status)
+        self.body = body
+        self.retry_after = retry_after
+
+    @property
+    def shed(self) -> bool:
+        """True for 429 and 503: the server shed load; the request itself was not at fault."""
+        return self.status in SHED_STATUSES
+
+    @classmethod
+    def from_response(cls, response: Any, *, where: str = "") -> HttpStatusError:
+        """The error for an ``httpx.Response`` (``status_code``, ``text``, ``headers``)."""
+        return cls(
+            response.status_code, response.text, retry_after=response.headers.get("retry-after"), where=where
+        )
+
+
+def raise_for_status(response: Any, *, where: str = "") -> Any:
+    """Return ``response`` (an ``httpx.Response``) if its status is 2xx, else raise ``HttpStatusError``.
+
+    Raises
+    ------
+    HttpStatusError
+        For any status outside 200-299; ``.shed`` is true for 429 and 503.
+    """
+    if not 200 <= response.status_code < 300:
+        raise HttpStatusError.from_response(response, where=where)
+    return response
 
 
 class ChurnClient:
@@ -72,10 +139,15 @@ class ChurnClient:
         return response, RequestProfile(request_id or customer_id, {"transport": transport_ms, **server_ms})
 
     def timed_score(self, customer_id: str) -> RequestProfile:
-        """``score`` that returns only the five-stage profile, raising ``RequestError`` unless 200."""
+        """``score`` that returns only the five-stage profile (for ``profile_requests``).
+
+        Raises
+        ------
+        HttpStatusError
+            Unless the answer is 2xx (a refused request is not a latency sample).
+        """
         response, profile = self.score(customer_id)
-        if response.status_code != 200:
-            raise RequestError(response.status_code, "request_failed", response.text)
+        raise_for_status(response)
         return profile
 
     def close(self) -> None:

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from course_lib.churn.data import FEATURE_COLUMNS
 from course_lib.churn.schema import check_records
+from course_lib.core.checks import InvalidArgumentError, callable_
 from course_lib.serving.profiling import RequestProfile
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
 
@@ -58,6 +59,7 @@ __all__ = [
     "ServiceResponse",
     "native_forward",
     "onnx_forward",
+    "run_without_event_loop",
 ]
 
 #: The five stages, in request order.
@@ -76,6 +78,7 @@ MAX_NUMBER_DIGITS = 64
 Lookup = Callable[[str], "dict[str, object] | None"]
 Forward = Callable[[list[dict[str, object]]], np.ndarray]
 AsyncForward = Callable[[list[dict[str, object]]], Awaitable[np.ndarray]]
+T = TypeVar("T")
 
 
 class ScoreRequest(BaseModel):
@@ -143,7 +146,7 @@ def native_forward(pipeline: object) -> Forward:
         If ``pipeline`` has no ``predict_proba``.
     """
     if not hasattr(pipeline, "predict_proba"):
-        raise TypeError(f"pipeline must have predict_proba, got {type(pipeline).__name__}")
+        raise InvalidArgumentError(f"pipeline must have predict_proba, got {type(pipeline).__name__}")
     columns = list(FEATURE_COLUMNS)
 
     def forward(records: list[dict[str, object]]) -> np.ndarray:
@@ -174,7 +177,7 @@ def onnx_forward(scorer: object) -> Forward:
         If ``scorer`` has no ``feeds_from_records``.
     """
     if not hasattr(scorer, "feeds_from_records"):
-        raise TypeError(f"scorer must be an OnnxChurnScorer, got {type(scorer).__name__}")
+        raise InvalidArgumentError(f"scorer must be an OnnxChurnScorer, got {type(scorer).__name__}")
 
     def forward(records: list[dict[str, object]]) -> np.ndarray:
         return scorer.run(scorer.feeds_from_records(records))
@@ -198,6 +201,35 @@ class ServiceResponse:
     def json(self) -> dict[str, object]:
         """The body decoded."""
         return json.loads(self.body)
+
+
+def run_without_event_loop(coro: Coroutine[object, None, T]) -> T:
+    """Run a coroutine that never suspends to its end, here, in this thread, and return its result.
+
+    ``ChurnService.handle_async`` with the synchronous forward awaits nothing that waits: every stage
+    is a plain call, so its first step runs it to the end, and no event loop is needed (a lesson
+    calls ``handle`` from a notebook, whose own loop is already running, so ``asyncio.run`` would
+    refuse).
+
+    Raises
+    ------
+    RuntimeError
+        If the coroutine suspends (it awaited an async forward, which needs an event loop); it is
+        closed first.
+
+    References
+    ----------
+    Python documentation, "Coroutine objects" (``coroutine.send``: a coroutine that returns raises
+    ``StopIteration`` carrying its value).
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError(
+        "the coroutine suspended: it awaits something that needs an event loop; await it instead"
+    )
 
 
 class ChurnService:
@@ -224,8 +256,8 @@ class ChurnService:
         lookup_mode: str = "",
         runtime: str = "",
     ):
-        if not callable(lookup) or not callable(forward):
-            raise TypeError("lookup and forward must both be callables")
+        callable_("lookup", lookup)
+        callable_("forward", forward)
         self.lookup_features = lookup
         self.forward = forward
         self.model_version = model_version
@@ -328,15 +360,14 @@ class ChurnService:
         ServiceResponse
             200 with the score, or the 4xx/5xx of the first stage that refused; the profile holds
             every stage that ran, in ms.
+
+        Notes
+        -----
+        The stages are written once, in :meth:`handle_async`; here they run with ``self.forward``
+        called directly, through :func:`run_without_event_loop`. A subclass that changes the stages
+        (``course_lib.serving.cache.service.CachedChurnService``) overrides ``handle_async`` alone.
         """
-        # With the synchronous forward, handle_async never suspends: one send() runs it to the end.
-        coro = self.handle_async(body, request_id=request_id)
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value
-        coro.close()
-        raise RuntimeError("handle_async suspended without an async forward; use it from an event loop")
+        return run_without_event_loop(self.handle_async(body, request_id=request_id))
 
     def timed_score(self, customer_id: str) -> RequestProfile:
         """Score one customer in-process and return the stage profile (for ``profile_requests``).
