@@ -1,116 +1,26 @@
-"""Shared fixtures (the real data and the course model, built once per test session) and the one rule for
-tests that need a system component.
+"""Shared fixtures (the real data and the course model, built once per test session) and the ``needs`` marker.
 
 A test that needs Redis, Chromium (with Playwright), promtool or a grading sandbox says so with
-``@pytest.mark.needs("redis-server")`` or, inside a fixture or a test, ``require_component("redis-server")``
-(``from conftest import require_component``). Where the component is missing the test is skipped with the
-reason and the way to install it; under ``COURSE_CI=1``, which ``.ci/run`` exports, it fails instead, so
-that CI never passes by skipping what it was meant to check.
+``@pytest.mark.needs("redis-server")`` or ``components.require_component`` (see ``tests/components.py``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
+from components import require_component
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Lessons are stored with inline plots; a non-interactive MPLBACKEND (e.g. Agg) inherited by nbval's kernels
 # would make every plot cell produce no output and fail strict comparison.
 os.environ.pop("MPLBACKEND", None)
 
-#: The environment variable that turns a missing component from a skip into a failure.
-CI_ENV = "COURSE_CI"
-#: Debian's Chromium, which the browser test drives through Playwright (no browser download).
-CHROMIUM = Path("/usr/bin/chromium")
-SYSTEM_DEPS = "`make system-deps` installs it"
-
-
-def _redis() -> str | None:
-    from course_lib.serving.cache.redis_server import redis_unavailable_reason
-
-    return redis_unavailable_reason()
-
-
-def _chromium() -> str | None:
-    return (
-        None if CHROMIUM.exists() else f"{CHROMIUM} is not installed ({SYSTEM_DEPS}: Debian package chromium)"
-    )
-
-
-def _playwright() -> str | None:
-    if importlib.util.find_spec("playwright") is None:
-        return "the playwright package is not installed (it is in requirements.lock: make install)"
-    return None
-
-
-def _promtool() -> str | None:
-    from course_lib.operate.promtool import promtool_path
-
-    return (
-        None if promtool_path() else f"promtool is not installed ({SYSTEM_DEPS}: Debian package prometheus)"
-    )
-
-
-def _sandbox(mechanism: str) -> Callable[[], str | None]:
-    def reason() -> str | None:
-        from course_lib.grading.sandbox import find_sandbox
-
-        check = find_sandbox(mechanism)
-        return None if check.mechanism is not None else check.reason
-
-    return reason
-
-
-#: Component name -> a check that returns why it cannot be used here, or None when it can.
-COMPONENTS: dict[str, Callable[[], str | None]] = {
-    "redis-server": _redis,
-    "chromium": _chromium,
-    "playwright": _playwright,
-    "promtool": _promtool,
-    "bwrap": _sandbox("bwrap"),
-    "unshare": _sandbox("unshare"),
-    "grading sandbox": _sandbox("auto"),
-}
-
-
-def in_ci() -> bool:
-    """True when a missing component must fail its tests (``COURSE_CI=1``, set by ``.ci/run``)."""
-    return os.environ.get(CI_ENV, "") == "1"
-
-
-def missing(component: str, reason: str) -> None:
-    """Skip the running test because ``component`` is missing, or fail it under ``COURSE_CI=1``."""
-    message = f"{component} is missing: {reason}"
-    if in_ci():
-        pytest.fail(
-            f"{message} ({CI_ENV}=1: CI must run every real-component test, not skip it)", pytrace=False
-        )
-    pytest.skip(message)
-
-
-def require_component(component: str) -> None:
-    """Return if ``component`` (a key of :data:`COMPONENTS`) works here; else skip, or fail under CI.
-
-    Raises
-    ------
-    KeyError
-        If ``component`` is not a key of :data:`COMPONENTS` (the message lists them).
-    """
-    if component not in COMPONENTS:
-        raise KeyError(f"unknown component {component!r}; known: {sorted(COMPONENTS)}")
-    reason = COMPONENTS[component]()
-    if reason is not None:
-        missing(component, reason)
-
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "needs(*components): the test needs these system components (conftest.COMPONENTS); skipped where "
+        "needs(*components): the test needs these system components (tests/components.py); skipped where "
         "one is missing, failed under COURSE_CI=1",
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import require_component
+from components import require_component
 
 from course_lib.operate.alerting import PROMETHEUS_DIR, RULES, IncidentSpec, evaluate_rules, simulate_incident
 from course_lib.operate.promtool import PROMTOOL_TESTS, promtool_path, run_promtool, write_promtool_tests

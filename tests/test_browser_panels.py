@@ -11,7 +11,7 @@ the panel's plot changed and that no widget error shows. Screenshots go to ``bui
 The lesson is opened as a copy under ``build/browser/`` so that JupyterLab's autosave never touches the
 committed notebook. Skipped, with the reason, only where Chromium or Playwright is missing
 (``make system-deps`` installs Chromium from Debian's packages), and failed instead under ``COURSE_CI=1``
-(``tests/conftest.py``).
+(``tests/components.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import CHROMIUM, require_component
+from components import CHROMIUM, require_component
 
 from course_lib.core.waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""The rule for tests that need a system component (``tests/conftest.py``): skipped with the reason where
+"""The rule for tests that need a system component (``tests/components.py``): skipped with the reason where
 it is missing, failed under ``COURSE_CI=1``; both ways, through the function and through the marker."""
 
 from __future__ import annotations
@@ -9,15 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import conftest
 import pytest
-from conftest import COMPONENTS, require_component
+from components import CI_ENV, COMPONENTS, require_component
 
 ROOT = Path(__file__).resolve().parent.parent
 
 INNER_TESTS = """
 import pytest
-from conftest import require_component
+from components import require_component
 
 
 @pytest.fixture
@@ -47,20 +46,20 @@ def fake_components(monkeypatch):
 
 
 def test_a_missing_component_skips_outside_ci(fake_components, monkeypatch):
-    monkeypatch.delenv(conftest.CI_ENV, raising=False)
+    monkeypatch.delenv(CI_ENV, raising=False)
     with pytest.raises(pytest.skip.Exception, match=r"fake-missing is missing: not installed here \(install"):
         require_component("fake-missing")
 
 
 def test_a_missing_component_fails_under_course_ci(fake_components, monkeypatch):
-    monkeypatch.setenv(conftest.CI_ENV, "1")
+    monkeypatch.setenv(CI_ENV, "1")
     with pytest.raises(pytest.fail.Exception, match=r"fake-missing is missing: .*\(COURSE_CI=1"):
         require_component("fake-missing")
 
 
 @pytest.mark.parametrize("ci", ["", "1"])
 def test_a_present_component_passes_either_way(fake_components, monkeypatch, ci):
-    monkeypatch.setenv(conftest.CI_ENV, ci)
+    monkeypatch.setenv(CI_ENV, ci)
     assert require_component("fake-present") is None
 
 
@@ -80,12 +79,13 @@ def _inner_run(tmp_path: Path, ci: str) -> subprocess.CompletedProcess[str]:
     inner = tmp_path / "inner"
     inner.mkdir()
     shutil.copy(ROOT / "tests" / "conftest.py", inner / "conftest.py")
-    with (inner / "conftest.py").open("a") as f:
+    shutil.copy(ROOT / "tests" / "components.py", inner / "components.py")
+    with (inner / "components.py").open("a") as f:
         f.write(
             '\nCOMPONENTS["fake-missing"] = lambda: "not installed here"\nCOMPONENTS["fake-present"] = lambda: None\n'
         )
     (inner / "test_inner.py").write_text(INNER_TESTS)
-    env = {k: v for k, v in os.environ.items() if k != conftest.CI_ENV} | {conftest.CI_ENV: ci}
+    env = {k: v for k, v in os.environ.items() if k != CI_ENV} | {CI_ENV: ci}
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(inner)],

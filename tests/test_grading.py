@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_component
+from components import require_component
 
 from course_lib.grading import (
     QUESTION_COLUMNS,

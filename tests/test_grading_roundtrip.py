@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-from conftest import require_component
+from components import require_component
 
 from course_lib.grading import export_grades_csv, question_scores, run_nbgrader
 

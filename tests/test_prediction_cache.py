@@ -7,7 +7,7 @@ import threading
 
 import cachetools
 import pytest
-from conftest import missing, require_component
+from components import missing, require_component
 
 from course_lib.core.waiting import wait_until
 from course_lib.serving.cache.redis_server import RedisUnavailableError, redis_server
