@@ -1,7 +1,7 @@
 """Layer 0, what every other layer uses: argument checks, percentiles, the timing harness, waiting on
-events, wording of measured comparisons, plot ticks, the environment report, processes and files.
+events, intervals for ratios measured in rounds, wording of measured comparisons, plot ticks, the environment report, processes and files.
 
 Imports nothing from the rest of ``course_lib``.
 """
 
-__all__ = ["bench", "checks", "env", "percentiles", "plotting", "waiting", "wording"]
+__all__ = ["bench", "checks", "env", "intervals", "percentiles", "plotting", "waiting", "wording"]

@@ -23,7 +23,14 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["METHODS", "fanout_tail_probability", "nearest_rank_position", "percentile", "percentiles"]
+__all__ = [
+    "METHODS",
+    "fanout_tail_probability",
+    "nearest_rank_position",
+    "percentile",
+    "percentiles",
+    "samples_needed",
+]
 
 Method = Literal["nearest-rank", "linear"]
 METHODS: tuple[str, ...] = ("nearest-rank", "linear")
@@ -130,6 +137,40 @@ def nearest_rank_position(samples: Iterable[float] | np.ndarray, q: float) -> in
     arr = _as_samples(samples)
     qf = _check_q(q)
     return int(np.argsort(arr, kind="stable")[_nearest_rank(qf, len(arr)) - 1])
+
+
+def samples_needed(q: float) -> int:
+    """The fewest samples for which the q-th percentile has at least ten samples above it: 10 / (1 - q/100).
+
+    With fewer, a p99 is one of the few slowest samples, or the maximum itself, and moves with any single
+    outlier. The course sizes every experiment that reports a percentile by this rule: 20 samples for a
+    median, 200 for a p95, 1,000 for a p99, 10,000 for a p99.9.
+
+    Parameters
+    ----------
+    q : float in [0, 100)
+        The percentile, 99 for p99 (a fraction such as 0.99 is refused, as in :func:`percentile`).
+
+    Returns
+    -------
+    int >= 10
+
+    Raises
+    ------
+    ValueError
+        For q outside [0, 100) (no sample count resolves the maximum) or a fraction in (0, 1).
+
+    Examples
+    --------
+    >>> samples_needed(50), samples_needed(95), samples_needed(99), samples_needed(99.9)
+    (20, 200, 1000, 10000)
+    """
+    qf = _check_q(q)
+    if qf >= 100:
+        raise ValueError(
+            f"q must be below 100 (no sample count puts ten samples above the maximum), got {q!r}"
+        )
+    return math.ceil(10.0 / (1.0 - qf / 100.0) - 1e-6)  # the tolerance absorbs binary rounding of q
 
 
 def fanout_tail_probability(k: int, q: float = 99.0) -> float:
