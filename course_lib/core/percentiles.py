@@ -26,6 +26,7 @@ import numpy as np
 __all__ = [
     "METHODS",
     "fanout_tail_probability",
+    "nearest_rank",
     "nearest_rank_position",
     "percentile",
     "percentiles",
@@ -72,6 +73,24 @@ def _check_q(q: float, name: str = "q") -> float:
 def _nearest_rank(q: float, n: int) -> int:
     """1-based rank ceil(q/100 x n), at least 1 (the tolerance keeps exact ranks exact)."""
     return max(1, math.ceil(q * n / 100.0 - 1e-9))
+
+
+def nearest_rank(n: int, q: float) -> int:
+    """The 1-based rank of the nearest-rank q-th percentile among ``n`` sorted samples: ceil(q/100 x n), >= 1.
+
+    Raises
+    ------
+    ValueError
+        For ``n`` < 1, q outside [0, 100] or a fraction in (0, 1).
+
+    Examples
+    --------
+    >>> nearest_rank(100, 99), nearest_rank(1060, 99), nearest_rank(10, 0)
+    (99, 1050, 1)
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be an integer number of samples >= 1, got {n!r}")
+    return _nearest_rank(_check_q(q), int(n))
 
 
 def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method = "nearest-rank") -> float:
