@@ -5,7 +5,7 @@ in a subprocess that stops after its run time (``-t`` plus ``--stop-timeout``), 
 overruns, and dies with the process that started it (Linux ``PR_SET_PDEATHSIG``). ``read_locust_stats``
 reads the ``_stats.csv`` back.
 
-Two properties of Locust's numbers, reproduced here so tests can check them against Locust's own code:
+Properties of Locust's numbers, reproduced here so tests check them against Locust's own code:
 
 * its users are closed loops (send, wait, send), so it suffers coordinated omission;
 * it stores each response time rounded into a bucket (``bucket_response_time_ms``, from
@@ -14,12 +14,32 @@ Two properties of Locust's numbers, reproduced here so tests can check them agai
   2.5 -> 2). Percentiles are read from the buckets (``locust_percentile``, from
   ``locust.stats.calculate_response_time_percentile``): sub-millisecond latencies collapse to 0 or 1
   ms, and a percentile can exceed the largest latency observed (996 ms is stored as 1000).
-  Its rank is int(q x n) + 1 counted from the bottom, one above nearest rank whenever q x n is whole.
+  Its rank is int(q x n) + 1 counted from the bottom, one above nearest rank whenever q x n is whole
+  (``locust_rank``). The CSV's "Median Response Time" is the same rule at q = 50 clamped to the exact
+  minimum and maximum; its "50%" column is not clamped.
+
+Locust's *counts and rates* follow from its source too (``locust_closed_loop``):
+
+* **users are closed loops**: with ``constant_pacing(p)`` a user starts a request, waits for the answer,
+  and starts the next ``p`` seconds after the previous start, or at once if the answer took longer; a slow
+  answer delays every later request of that user, so it sends fewer requests exactly while the service is
+  slow (``locust.user.wait_time.constant_pacing``);
+* **spawn**: ``-r R`` starts ``max(1, floor(R))`` users per dispatch, one dispatch every
+  ``max(1, floor(R)) / R`` seconds (``locust.dispatch.UsersDispatcher``); with ``R >= -u`` every user
+  starts at once, and paced users then stay in step: they send in bursts of ``-u`` requests, which a
+  server that answers one at a time queues, so Locust's median can sit far above an open-loop
+  generator's at the same mean rate;
+* **Requests/s** in the CSV is ``StatsEntry.total_rps``: requests counted so far divided by the time
+  from the statistics' start to the *completion* of the last request (``locust_requests_per_s``). A
+  short run of paced users ends its window at its last answer, not at ``-t``: ``u x ceil(t / p)``
+  requests over about ``(ceil(t / p) - 1) x p`` seconds reads higher than both ``u / p`` and
+  requests / ``t``.
 
 References
 ----------
 Locust documentation, "Running without the web UI", "Retrieve test statistics in CSV format";
-``locust/stats.py`` (version pinned in requirements.lock).
+``locust/stats.py``, ``locust/dispatch.py``, ``locust/user/wait_time.py`` (version pinned in
+requirements.lock).
 """
 
 from __future__ import annotations
