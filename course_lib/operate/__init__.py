@@ -1,6 +1,6 @@
 """Layer 5, running the service in production: canary and shadow rollouts, drift, the monitored service and
-its Prometheus metrics, ``histogram_quantile``, alert rules and ``promtool``, HPA manifests, a model
-pool.
+its Prometheus metrics, ``histogram_quantile``, a real Prometheus server, alert rules and ``promtool``,
+HPA manifests, a model pool.
 
 Imports only from the layers below.
 """
@@ -14,5 +14,6 @@ __all__ = [
     "model_pool",
     "monitored_service",
     "prom_quantile",
+    "prometheus_server",
     "promtool",
 ]
