@@ -321,6 +321,8 @@ def compare_latency(
     median / candidate median in the same round), and ``speedup_low`` and ``speedup_high`` give its interval and ``resolved`` (-1 slower, +1 faster, 0 when the interval contains 1), and
     ``.attrs["intervals"]`` maps each candidate to its :class:`course_lib.core.intervals.RatioInterval`
     (candidate time / baseline time, so ``.phrase(less="faster", more="slower")`` words it).
+    ``.attrs["rounds_ns"]`` always holds the per-round call times (:func:`interleaved_rounds_ns`), for
+    intervals between any two candidates (:func:`course_lib.core.intervals.ratio_interval`).
 
     Raises
     ------
@@ -345,6 +347,7 @@ def compare_latency(
     table = pd.DataFrame.from_dict(rows, orient="index")
     table["us_per_item"] = table["median_us"] / items_per_call
     table["speedup"] = table.loc[base, "median_us"] / table["median_us"]
+    table.attrs["rounds_ns"] = samples
     if confidence is not None:
         intervals = {
             name: ratio_interval(ns, samples[base], q=50, confidence=confidence)
