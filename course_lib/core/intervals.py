@@ -170,6 +170,7 @@ class RatioInterval:
         less: str = "lower",
         more: str = "higher",
         unresolved: str = UNRESOLVED,
+        than: str | None = None,
         digits: int = 2,
     ) -> str:
         """The comparison in words that the run supports.
@@ -180,6 +181,8 @@ class RatioInterval:
             The word for a ratio below 1 ("faster" for a time ratio, "lower") and above 1 ("slower").
         unresolved : str
             What to say when the interval contains 1.
+        than : str, optional
+            The baseline's name, written after the direction word: "1.30x slower than FP32 (...)".
         digits : int
             Decimals of the factors.
 
@@ -195,14 +198,17 @@ class RatioInterval:
         --------
         >>> RatioInterval(0.5, 0.4, 0.6, 0.97, 6).phrase(less="faster", more="slower")
         '2.00x faster (ratio 0.50x, 97% interval 0.40x to 0.60x over 6 rounds)'
+        >>> RatioInterval(2.0, 1.5, 2.5, 0.97, 6).phrase(more="slower", than="FP32", digits=1)
+        '2.0x slower than FP32 (ratio 2.0x, 97% interval 1.5x to 2.5x over 6 rounds)'
         >>> RatioInterval(1.02, 0.95, 1.1, 0.97, 6).phrase()
         'not resolved on this run (ratio 1.02x, 97% interval 0.95x to 1.10x over 6 rounds)'
         """
         detail = f"ratio {self.interval_text(digits)}"
+        against = f" than {than}" if than else ""
         if self.direction < 0:
-            return f"{1.0 / self.ratio:.{digits}f}x {less} ({detail})"
+            return f"{1.0 / self.ratio:.{digits}f}x {less}{against} ({detail})"
         if self.direction > 0:
-            return f"{self.ratio:.{digits}f}x {more} ({detail})"
+            return f"{self.ratio:.{digits}f}x {more}{against} ({detail})"
         return f"{unresolved} ({detail})"
 
 
