@@ -1,4 +1,4 @@
-"""Hit, miss and no-cache requests measured side by side (course_lib.measure.cache_costs, Lesson 8)."""
+"""Hit, miss and no-cache requests measured side by side (course_lib.serving.cache.costs, Lesson 8)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.measure.cache_costs import (
+from course_lib.serving.cache.costs import (
     KINDS,
     break_even_hit_rate,
     break_even_phrase,

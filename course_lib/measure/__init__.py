@@ -1,7 +1,6 @@
 """Layer 4, measuring real servers and models: the open-loop load generator and its targets, rate ladders
 and knees, coordinated omission, HdrHistograms, Locust, the load-test server, batching cost and gain,
-throughput records, cold starts, GC pauses, a cache's hit and miss costs against no cache, and the lessons'
-live experiments.
+throughput records, cold starts, GC pauses, and the lessons' live experiments.
 
 Imports only from the layers below.
 """
@@ -9,7 +8,6 @@ Imports only from the layers below.
 __all__ = [
     "batch_cost",
     "batching_gain",
-    "cache_costs",
     "capacity_record",
     "cold_start",
     "coordinated_omission",

@@ -1,5 +1,8 @@
 """What a prediction cache's hit and miss cost against no cache, measured side by side (Lesson 8).
 
+It sits beside the cached service it measures (like ``course_lib.serving.profiling``, it times the
+service in process; no load generator is involved).
+
 :func:`measure_hit_miss` sends three kinds of requests in one interleaved run: a request to the
 service *without* a cache for a customer nobody asked for before, a request to the cached service for
 another such customer (a miss), and the same customer again (a hit). The customers of the two services
