@@ -160,8 +160,8 @@ class RatioInterval:
     def interval_text(self, digits: int = 2) -> str:
         """``"0.62x, 98% interval 0.58x to 0.70x over 7 rounds"``: the ratio itself, no direction word."""
         return (
-            f"{self.ratio:.{digits}f}x, {self.confidence:.0%} interval {self.low:.{digits}f}x to "
-            f"{self.high:.{digits}f}x over {self.rounds} rounds"
+            f"{_factor(self.ratio, digits)}x, {self.confidence:.0%} interval {_factor(self.low, digits)}x to "
+            f"{_factor(self.high, digits)}x over {self.rounds} rounds"
         )
 
     def phrase(
@@ -200,6 +200,8 @@ class RatioInterval:
         '2.00x faster (ratio 0.50x, 97% interval 0.40x to 0.60x over 6 rounds)'
         >>> RatioInterval(2.0, 1.5, 2.5, 0.97, 6).phrase(more="slower", than="FP32", digits=1)
         '2.0x slower than FP32 (ratio 2.0x, 97% interval 1.5x to 2.5x over 6 rounds)'
+        >>> RatioInterval(0.0043, 0.004, 0.0051, 0.97, 6).phrase(less="faster")
+        '232.56x faster (ratio 0.0043x, 97% interval 0.004x to 0.0051x over 6 rounds)'
         >>> RatioInterval(1.02, 0.95, 1.1, 0.97, 6).phrase()
         'not resolved on this run (ratio 1.02x, 97% interval 0.95x to 1.10x over 6 rounds)'
         """
@@ -210,6 +212,11 @@ class RatioInterval:
         if self.direction > 0:
             return f"{self.ratio:.{digits}f}x {more}{against} ({detail})"
         return f"{unresolved} ({detail})"
+
+
+def _factor(x: float, digits: int) -> str:
+    """``digits`` decimals, or ``digits`` significant digits below 0.1 (a ratio of 0.0043 stays readable)."""
+    return f"{x:.{digits}f}" if abs(x) >= 0.1 or x == 0 else f"{x:.{digits}g}"
 
 
 def ratio_interval_from_values(
