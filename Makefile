@@ -23,7 +23,9 @@ LAB_CONFIG ?= $(CURDIR)/config/student-jupyter
 .PHONY: help install kernel first-run lab html course test test-under-load unit nbval lint bench lock clean exercises system-deps lesson-map
 
 help:
-	@echo "make lab     install (first run, about 1 GB), open JupyterLab on 127.0.0.1 with the course kernel"
+	@echo "make lab     install (first run: about 370 MB of downloads, 1.6 GB on disk), build the first-run files,"
+	@echo "             open JupyterLab on 127.0.0.1 with the course kernel"
+	@echo "make first-run  build the course model and Lesson 2's feature store if missing (timed)"
 	@echo "make html    render the committed lessons (no execution) into build/html/ to read without running"
 	@echo "make course  execute every lesson headless into build/course and print a timing table"
 	@echo "make test    unit tests + strict nbval on every lesson + nbgrader round-trip (what CI runs)"
@@ -50,8 +52,8 @@ system-deps:
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required, found " + sys.version'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "Installing the course environment into $(VENV): about 1 GB of wheels (numpy, pandas, scikit-learn,"
-	@echo "XGBoost, ONNX Runtime, JupyterLab, ...). Usually 3-10 minutes; pip shows each download below."
+	@echo "Installing the course environment into $(VENV): about 370 MB of wheels (numpy, pandas, scikit-learn,"
+	@echo "XGBoost, ONNX Runtime, JupyterLab, ...), about 1.6 GB once installed. Usually 3-10 minutes; pip shows each download below."
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --progress-bar on -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
