@@ -29,6 +29,7 @@ from typing import Literal, TypeVar
 import numpy as np
 import pandas as pd
 
+from course_lib.core import checks
 from course_lib.core.intervals import ratio_interval
 from course_lib.core.percentiles import percentile
 
@@ -62,14 +63,12 @@ def round_order(keys: Sequence[K], round_index: int, order: Order = "rotate") ->
     >>> [round_order("ABC", r) for r in range(4)]
     [['A', 'B', 'C'], ['B', 'C', 'A'], ['C', 'A', 'B'], ['A', 'B', 'C']]
     """
-    if order not in ("rotate", "fixed"):
-        raise ValueError(f"order must be 'rotate' or 'fixed', got {order!r}")
-    if isinstance(round_index, bool) or not isinstance(round_index, (int, np.integer)) or round_index < 0:
-        raise ValueError(f"round_index must be an integer >= 0, got {round_index!r}")
+    checks.one_of("order", order, ("rotate", "fixed"))
+    round_index = checks.integer("round_index", round_index, min=0)
     keys = list(keys)
     if order == "fixed" or not keys:
         return keys
-    shift = int(round_index) % len(keys)
+    shift = round_index % len(keys)
     return keys[shift:] + keys[:shift]
 
 

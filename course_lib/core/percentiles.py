@@ -23,6 +23,8 @@ from typing import Literal
 
 import numpy as np
 
+from course_lib.core import checks
+
 __all__ = [
     "METHODS",
     "fanout_tail_probability",
@@ -88,9 +90,7 @@ def nearest_rank(n: int, q: float) -> int:
     >>> nearest_rank(100, 99), nearest_rank(1060, 99), nearest_rank(10, 0)
     (99, 1050, 1)
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an integer number of samples >= 1, got {n!r}")
-    return _nearest_rank(_check_q(q), int(n))
+    return _nearest_rank(_check_q(q), checks.integer("n", n, min=1))
 
 
 def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method = "nearest-rank") -> float:

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 from hdrh.histogram import HdrHistogram
 
+from course_lib.core import checks
 from course_lib.core.percentiles import nearest_rank, percentile
 
 __all__ = [
@@ -105,11 +106,9 @@ def hdr_rank(n: int, q: float) -> int:
     >>> hdr_rank(1060, 99), hdr_rank(1000, 99), hdr_rank(150, 99)
     (1049, 990, 149)
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q!r}")
-    return max(int((min(q, 100.0) * int(n) / 100) + 0.5), 1)
+    n = checks.integer("n", n, min=1)
+    q = checks.number("q", q, min=0, max=100)
+    return max(int((min(q, 100.0) * n / 100) + 0.5), 1)
 
 
 def hdr_explain(samples_ms: Iterable[float] | np.ndarray, q: float) -> dict[str, float]:
@@ -148,8 +147,7 @@ def hdr_explain(samples_ms: Iterable[float] | np.ndarray, q: float) -> dict[str,
     >>> e["nearest_rank"], e["hdr_rank"], e["exact_ms"], e["at_hdr_rank_ms"], e["hdr_ms"]
     (1050, 1049, 2.0, 1.0, 1.0)
     """
-    if not 0 < q <= 100:
-        raise ValueError(f"q must be in (0, 100], got {q!r}")
+    q = checks.number("q", q, min=0, max=100, min_open=True)
     lat = np.asarray(list(samples_ms) if not isinstance(samples_ms, np.ndarray) else samples_ms, float)
     if lat.size == 0:
         raise ValueError("samples_ms is empty: a percentile needs at least one latency sample")

@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from course_lib.core import checks
 from course_lib.core._io import REPO_ROOT
 
 __all__ = [
@@ -112,11 +113,9 @@ def locust_rank(n: int, q: float) -> int:
     >>> locust_rank(100, 99), locust_rank(150, 99), locust_rank(10, 100)
     (100, 149, 10)
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an integer number of responses >= 1, got {n!r}")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q!r}")
-    return min(int(int(n) * (q / 100.0)) + 1, int(n))
+    n = checks.integer("n", n, min=1)
+    q = checks.number("q", q, min=0, max=100)
+    return min(int(n * (q / 100.0)) + 1, n)
 
 
 def locust_requests_per_s(n_requests: int, start_s: float, last_completion_s: float) -> float:
@@ -145,8 +144,7 @@ def locust_requests_per_s(n_requests: int, start_s: float, last_completion_s: fl
     >>> round(locust_requests_per_s(40, 0.0, 2.48), 1)  # 10 users paced 0.8 s for -t 3s: 16.1, not 12.5
     16.1
     """
-    if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 0:
-        raise ValueError(f"n_requests must be an integer >= 0, got {n_requests!r}")
+    n_requests = checks.integer("n_requests", n_requests, min=0)
     if not last_completion_s >= start_s:
         raise ValueError(f"last_completion_s must be >= start_s, got {last_completion_s!r} < {start_s!r}")
     span = last_completion_s - start_s
@@ -202,19 +200,15 @@ def locust_closed_loop(
     >>> run["requests"], run["asked_rps"], round(run["requests_per_s"], 1), run["largest_burst"]
     (40, 12.5, 16.1, 10)
     """
-    if isinstance(users, bool) or not isinstance(users, (int, np.integer)) or users < 1:
-        raise ValueError(f"users must be an integer >= 1, got {users!r}")
-    for name, value in (("spawn_rate", spawn_rate), ("pacing_s", pacing_s), ("run_time_s", run_time_s)):
-        if not (
-            isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and value > 0
-        ):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if not (math.isfinite(response_time_s) and response_time_s >= 0):
-        raise ValueError(f"response_time_s must be a finite number >= 0, got {response_time_s!r}")
+    users = checks.integer("users", users, min=1)
+    spawn_rate = checks.positive_number("spawn_rate", spawn_rate)
+    pacing_s = checks.positive_number("pacing_s", pacing_s)
+    run_time_s = checks.positive_number("run_time_s", run_time_s)
+    response_time_s = checks.positive_number("response_time_s", response_time_s, allow_zero=True)
     per_dispatch = max(1, math.floor(spawn_rate))
     gap_s = per_dispatch / spawn_rate
     rows = []
-    for user in range(int(users)):
+    for user in range(users):
         start = (user // per_dispatch) * gap_s
         while start < run_time_s:
             rows.append((user, start, start + response_time_s))

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.churn.export import make_session
+from course_lib.core import checks
 from course_lib.core.bench import compare_latency, round_order, time_calls_ns, usable_cores
 from course_lib.core.intervals import RatioInterval, ratio_interval, ratio_interval_from_values
 from course_lib.core.percentiles import percentile
@@ -294,8 +295,7 @@ def oversubscription_table(
             )
     if n_calls < 1:
         raise ValueError(f"n_calls must be >= 1, got {n_calls}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    repeats = checks.integer("repeats", repeats, min=1)
     source = str(model) if isinstance(model, Path) else model
     ctx = _worker_context()
     cores = usable_cores()
