@@ -65,7 +65,27 @@ def test_rounds_interleave_the_candidates_and_keep_one_row_per_round():
     candidates = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
     samples = interleaved_rounds_ns(candidates, n_calls=2, rounds=3, warmup_calls=1)
     assert order[:3] == ["a", "b", "c"]  # warm-up, one call each
-    assert order[3:] == ["a", "a", "b", "b", "c", "c"] * 3  # A B C, A B C, A B C
+    # A B C, B C A, C A B: the order rotates, so no candidate always runs first
+    assert order[3:] == [
+        "a",
+        "a",
+        "b",
+        "b",
+        "c",
+        "c",
+        "b",
+        "b",
+        "c",
+        "c",
+        "a",
+        "a",
+        "c",
+        "c",
+        "a",
+        "a",
+        "b",
+        "b",
+    ]
     assert {k: v.shape for k, v in samples.items()} == {"a": (3, 2), "b": (3, 2), "c": (3, 2)}
     assert all(v.dtype == np.int64 and (v >= 0).all() for v in samples.values())
 

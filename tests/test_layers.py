@@ -159,9 +159,9 @@ def test_a_planted_sibling_import_is_caught(planted_tree: Path):
 def test_a_planted_cycle_is_caught(planted_tree: Path):
     target = planted_tree / "core" / "percentiles.py"
     target.write_text(target.read_text() + "\nfrom course_lib.core.bench import interleaved_rounds_ns\n")
-    assert ["course_lib.core.bench", "course_lib.core.percentiles"] in import_cycles(
-        course_imports(planted_tree)
-    )
+    cycles = import_cycles(course_imports(planted_tree))
+    # bench -> intervals -> percentiles -> bench: the cycle found holds both ends of the planted import
+    assert any({"course_lib.core.bench", "course_lib.core.percentiles"} <= set(c) for c in cycles)
 
 
 def test_import_course_lib_needs_no_pandas_or_numpy():

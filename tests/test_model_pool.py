@@ -76,3 +76,22 @@ def test_batch_job_stops_by_its_lifetime_and_when_terminated(model_path):
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_noisy_neighbour_rotates_the_conditions_and_gives_each_ratio_its_interval(model_path):
+    """Structure only (no timing asserted): rounds, rotated order, ratios next to the same round's alone."""
+    from course_lib.operate.model_pool import noisy_neighbour
+
+    calls = []
+    table = noisy_neighbour(
+        lambda: calls.append(1), model_path, calls_per_block=1000, rounds=6, batch_rows=200
+    )
+    assert len(calls) == 1000 * (1 + 3 * 6)  # warm-up block, then 3 conditions x 6 rounds
+    assert table["condition"].iloc[0] == "alone" and len(table) == 3
+    alone = table.iloc[0]
+    assert (alone["p99_vs_alone"], alone["p99_low"], alone["p99_high"]) == (1.0, 1.0, 1.0)
+    assert (table["p99_low"] <= table["p99_vs_alone"]).all() and (
+        table["p99_vs_alone"] <= table["p99_high"]
+    ).all()
+    interval = table.attrs["intervals"][(table.loc[1, "condition"], "p99")]
+    assert interval.rounds == 6 and interval.ratio == table.loc[1, "p99_vs_alone"]

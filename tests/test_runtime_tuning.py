@@ -6,7 +6,14 @@ import pytest
 
 from course_lib.churn.export import OnnxChurnScorer, make_session
 from course_lib.churn.model import features
-from course_lib.optimize.runtime_tuning import oversubscription_table, tuning_table, usable_cores
+from course_lib.optimize.runtime_tuning import (
+    optimized_op_counts,
+    oversubscription_ratio,
+    oversubscription_table,
+    tuning_ratio,
+    tuning_table,
+    usable_cores,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +69,35 @@ def test_oversubscription_rejects_bad_configs(tree_file, feeds):
         oversubscription_table(tree_file, feeds[1], [(0, 1)])
     with pytest.raises(ValueError, match=">= 0"):
         oversubscription_table(tree_file, feeds[1], [(1, -1)])
+
+
+def test_tuning_ratio_pairs_the_rounds_of_two_settings(tree_file, feeds):
+    table = tuning_table(
+        tree_file, feeds, levels=("disabled", "all"), intra_op_threads=(1,), n_calls={1: 20, 64: 20}, rounds=6
+    )
+    same = tuning_ratio(table, (64, "all", 1), (64, "all", 1))
+    assert (same.ratio, same.low, same.high, same.direction) == (1.0, 1.0, 1.0, 0)
+    other = tuning_ratio(table, (64, "all", 1), (64, "disabled", 1))
+    assert other.rounds == 6 and other.low <= other.ratio <= other.high
+    with pytest.raises(ValueError, match="one batch size"):
+        tuning_ratio(table, (1, "all", 1), (64, "all", 1))
+
+
+def test_the_optimisation_levels_leave_the_tree_graph_as_it_is(tree_file):
+    """A deterministic fact behind Lesson 4's reading of its timings: nothing to fuse in this graph."""
+    ops = optimized_op_counts(tree_file)
+    assert list(ops.index) == ["disabled", "basic", "extended", "all"]
+    assert (ops.nunique() == 1).all()  # the same operators at every level
+    assert ops.loc["all", "TreeEnsembleClassifier"] == 1
+
+
+def test_oversubscription_repeats_take_turns_and_give_an_interval(tree_file, feeds):
+    table = oversubscription_table(
+        tree_file, feeds[1], [(1, 1), (2, 1)], n_calls=20, warmup_calls=2, repeats=6
+    )
+    reps = table.attrs["repeats"]
+    assert {k: len(v["achieved_rps"]) for k, v in reps.items()} == {(1, 1): 6, (2, 1): 6}
+    ratio = oversubscription_ratio(table, (2, 1), (1, 1), metric="p50_us")
+    assert ratio.rounds == 6 and ratio.low <= ratio.ratio <= ratio.high
+    with pytest.raises(ValueError, match="repeats"):
+        oversubscription_table(tree_file, feeds[1], [(1, 1)], repeats=0)

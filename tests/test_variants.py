@@ -186,3 +186,22 @@ def test_lesson4_vector_one_customer_next_to_an_extreme_copy_of_itself(lesson4_v
     ordinary = batch_dependence(lesson4_variants["int8-dynamic"], X)
     assert BATCH_INDEPENDENCE_ATOL < ordinary < 0.05  # the issue measured up to 0.0069 on ordinary batches
     assert batch_dependence(lesson4_variants["int8-static"], X) <= BATCH_INDEPENDENCE_ATOL
+
+
+def test_variant_latency_with_confidence_gives_every_variant_its_interval(variant_paths, churn_model):
+    from course_lib.optimize.variants import load_scorers, variant_latency
+
+    scorers = load_scorers(variant_paths)
+    table = variant_latency(
+        scorers,
+        features(churn_model.split.test),
+        batch_sizes=(1, 8),
+        n_calls={1: 20, 8: 20},
+        rounds=6,
+        confidence=0.95,
+    )
+    for b in (1, 8):
+        assert {f"speedup_low_b{b}", f"speedup_high_b{b}", f"resolved_b{b}"} <= set(table.columns)
+        assert table.loc["fp32", f"resolved_b{b}"] == 0 and table.loc["fp32", f"speedup_b{b}"] == 1.0
+        assert (table[f"speedup_low_b{b}"] <= table[f"speedup_b{b}"]).all()
+        assert set(table.attrs["intervals"][b]) == set(variant_paths)

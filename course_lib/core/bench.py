@@ -6,12 +6,15 @@ in the course goes through :func:`interleaved_rounds_ns`:
 1. each candidate is called ``warmup_calls`` times untimed (JIT, caches, thread pools);
 2. the calls per round are fixed: given, or set by the one rule :func:`calls_per_round` from one
    timed probe call of each candidate (the slowest sets the count, so every candidate gets the same);
-3. ``rounds`` rounds run every candidate in turn (A B C, A B C, ...) for that many calls, so drift
-   on the machine hits all of them alike;
+3. ``rounds`` rounds run every candidate in turn for that many calls, so drift on the machine hits
+   all of them alike; the order rotates from round to round (A B C, B C A, C A B, ...:
+   :func:`round_order`), so no candidate always runs first, right after the warm-up or right after
+   the same neighbour;
 4. the per-call wall times come back in nanoseconds, one row per round, so a caller can take a
    statistic per round (:func:`p99_median_of_rounds_us`) or over all calls pooled.
 
-:func:`compare_latency` builds the usual table on it (median, p99 and speed-up over a baseline);
+:func:`compare_latency` builds the usual table on it (median, p99 and speed-up over a baseline, and
+with ``confidence`` the interval of :mod:`course_lib.core.intervals` for the speed-up, from the rounds);
 ``batch_cost.measure_call_ms``, ``throughput.measure_batch_latency``, ``runtime_tuning.tuning_table``
 and ``variants.variant_latency`` are built on it too. :func:`usable_cores` is the one core count.
 """
@@ -21,11 +24,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import pandas as pd
 
+from course_lib.core import checks
 from course_lib.core.checks import (
     InvalidArgumentError,
     callable_,
@@ -34,6 +38,7 @@ from course_lib.core.checks import (
     one_of,
     positive_number,
 )
+from course_lib.core.intervals import ratio_interval
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -41,11 +46,38 @@ __all__ = [
     "compare_latency",
     "interleaved_rounds_ns",
     "p99_median_of_rounds_us",
+    "round_order",
     "time_calls_ns",
     "usable_cores",
 ]
 
 K = TypeVar("K", bound=Hashable)
+Order = Literal["rotate", "fixed"]
+
+
+def round_order(keys: Sequence[K], round_index: int, order: Order = "rotate") -> list[K]:
+    """The order in which round ``round_index`` runs the candidates ``keys``.
+
+    ``"rotate"`` (the default of every course measurement) starts round r at candidate r mod k, so over
+    k rounds every candidate runs once in every position; ``"fixed"`` keeps the given order.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``order`` or a negative ``round_index``.
+
+    Examples
+    --------
+    >>> [round_order("ABC", r) for r in range(4)]
+    [['A', 'B', 'C'], ['B', 'C', 'A'], ['C', 'A', 'B'], ['A', 'B', 'C']]
+    """
+    checks.one_of("order", order, ("rotate", "fixed"))
+    round_index = checks.integer("round_index", round_index, min=0)
+    keys = list(keys)
+    if order == "fixed" or not keys:
+        return keys
+    shift = round_index % len(keys)
+    return keys[shift:] + keys[:shift]
 
 
 def usable_cores() -> int:
@@ -153,6 +185,7 @@ def interleaved_rounds_ns(
     target_s: float = 1.0,
     min_calls: int = 20,
     max_calls: int = 1000,
+    order: Order = "rotate",
 ) -> dict[K, np.ndarray]:
     """Time every candidate in interleaved rounds; per-call wall times in nanoseconds, one row per round.
 
@@ -164,11 +197,14 @@ def interleaved_rounds_ns(
         Timed calls per candidate in each round. None: :func:`calls_per_round` from one timed probe call
         of each candidate (after warm-up), with ``target_s``, ``min_calls`` and ``max_calls``.
     rounds : int >= 1
-        Rounds; each runs every candidate once for ``n_calls`` calls, in the mapping's order.
+        Rounds; each runs every candidate once for ``n_calls`` calls, in the order :func:`round_order`
+        gives (rotated from round to round unless ``order="fixed"``).
     warmup_calls : int >= 0
         Untimed calls per candidate before anything is timed.
     target_s, min_calls, max_calls
         The call-count rule's settings, used only when ``n_calls`` is None.
+    order : {"rotate", "fixed"}
+        See :func:`round_order`.
 
     Returns
     -------
@@ -203,8 +239,8 @@ def interleaved_rounds_ns(
         )
     samples = {key: np.empty((rounds, int(n_calls)), dtype=np.int64) for key in candidates}
     for r in range(rounds):
-        for key, fn in candidates.items():
-            samples[key][r] = time_calls_ns(fn, int(n_calls))
+        for key in round_order(list(candidates), r, order):
+            samples[key][r] = time_calls_ns(candidates[key], int(n_calls))
     return samples
 
 
@@ -254,6 +290,7 @@ def compare_latency(
     baseline: str | None = None,
     items_per_call: int = 1,
     target_s: float = 1.0,
+    confidence: float | None = None,
 ) -> pd.DataFrame:
     """Time several callables side by side and tabulate latency and speed-up.
 
@@ -274,16 +311,26 @@ def compare_latency(
         Predictions per call, for the ``us_per_item`` column.
     target_s : float > 0
         Used only when ``n_calls`` is None.
+    confidence : float in (0, 1), optional
+        Also give the speed-up's interval from the rounds (:func:`course_lib.core.intervals.ratio_interval`
+        on per-round medians): needs ``min_rounds(confidence)`` rounds (6 for 0.95) and 20 calls per round.
 
     Returns
     -------
     DataFrame indexed by candidate with ``median_us``, ``p99_us`` (nearest rank), ``us_per_item`` and
-    ``speedup`` (baseline median / candidate median) over all ``n_calls x rounds`` timed calls.
+    ``speedup`` (baseline median / candidate median) over all ``n_calls x rounds`` timed calls. With
+    ``confidence``, ``speedup`` is instead the median over rounds of the per-round speed-up (baseline
+    median / candidate median in the same round), and ``speedup_low`` and ``speedup_high`` give its interval and ``resolved`` (-1 slower, +1 faster, 0 when the interval contains 1), and
+    ``.attrs["intervals"]`` maps each candidate to its :class:`course_lib.core.intervals.RatioInterval`
+    (candidate time / baseline time, so ``.phrase(less="faster", more="slower")`` words it).
+    ``.attrs["rounds_ns"]`` always holds the per-round call times (:func:`interleaved_rounds_ns`), for
+    intervals between any two candidates (:func:`course_lib.core.intervals.ratio_interval`).
 
     Raises
     ------
     ValueError
-        For no candidates, an unknown baseline, or counts below 1.
+        For no candidates, an unknown baseline, or counts below 1; with ``confidence``, for too few
+        rounds or calls per round.
     """
     non_empty("candidates", candidates)
     base = one_of("baseline", baseline, candidates) if baseline is not None else next(iter(candidates))
@@ -299,5 +346,16 @@ def compare_latency(
     table = pd.DataFrame.from_dict(rows, orient="index")
     table["us_per_item"] = table["median_us"] / items_per_call
     table["speedup"] = table.loc[base, "median_us"] / table["median_us"]
+    table.attrs["rounds_ns"] = samples
+    if confidence is not None:
+        intervals = {
+            name: ratio_interval(ns, samples[base], q=50, confidence=confidence)
+            for name, ns in samples.items()
+        }
+        table["speedup"] = [1.0 / intervals[name].ratio for name in table.index]
+        table["speedup_low"] = [1.0 / intervals[name].high for name in table.index]
+        table["speedup_high"] = [1.0 / intervals[name].low for name in table.index]
+        table["resolved"] = [-intervals[name].direction for name in table.index]
+        table.attrs["intervals"] = intervals
     table.index.name = "candidate"
     return table

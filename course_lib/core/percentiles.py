@@ -23,9 +23,18 @@ from typing import Literal
 
 import numpy as np
 
+from course_lib.core import checks
 from course_lib.core.checks import integer, number, one_of
 
-__all__ = ["METHODS", "fanout_tail_probability", "nearest_rank_position", "percentile", "percentiles"]
+__all__ = [
+    "METHODS",
+    "fanout_tail_probability",
+    "nearest_rank",
+    "nearest_rank_position",
+    "percentile",
+    "percentiles",
+    "samples_needed",
+]
 
 Method = Literal["nearest-rank", "linear"]
 METHODS: tuple[str, ...] = ("nearest-rank", "linear")
@@ -66,6 +75,22 @@ def _check_q(q: float, name: str = "q") -> float:
 def _nearest_rank(q: float, n: int) -> int:
     """1-based rank ceil(q/100 x n), at least 1 (the tolerance keeps exact ranks exact)."""
     return max(1, math.ceil(q * n / 100.0 - 1e-9))
+
+
+def nearest_rank(n: int, q: float) -> int:
+    """The 1-based rank of the nearest-rank q-th percentile among ``n`` sorted samples: ceil(q/100 x n), >= 1.
+
+    Raises
+    ------
+    ValueError
+        For ``n`` < 1, q outside [0, 100] or a fraction in (0, 1).
+
+    Examples
+    --------
+    >>> nearest_rank(100, 99), nearest_rank(1060, 99), nearest_rank(10, 0)
+    (99, 1050, 1)
+    """
+    return _nearest_rank(_check_q(q), checks.integer("n", n, min=1))
 
 
 def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method = "nearest-rank") -> float:
@@ -130,6 +155,40 @@ def nearest_rank_position(samples: Iterable[float] | np.ndarray, q: float) -> in
     arr = _as_samples(samples)
     qf = _check_q(q)
     return int(np.argsort(arr, kind="stable")[_nearest_rank(qf, len(arr)) - 1])
+
+
+def samples_needed(q: float) -> int:
+    """The fewest samples for which the q-th percentile has at least ten samples above it: 10 / (1 - q/100).
+
+    With fewer, a p99 is one of the few slowest samples, or the maximum itself, and moves with any single
+    outlier. The course sizes every experiment that reports a percentile by this rule: 20 samples for a
+    median, 200 for a p95, 1,000 for a p99, 10,000 for a p99.9.
+
+    Parameters
+    ----------
+    q : float in [0, 100)
+        The percentile, 99 for p99 (a fraction such as 0.99 is refused, as in :func:`percentile`).
+
+    Returns
+    -------
+    int >= 10
+
+    Raises
+    ------
+    ValueError
+        For q outside [0, 100) (no sample count resolves the maximum) or a fraction in (0, 1).
+
+    Examples
+    --------
+    >>> samples_needed(50), samples_needed(95), samples_needed(99), samples_needed(99.9)
+    (20, 200, 1000, 10000)
+    """
+    qf = _check_q(q)
+    if qf >= 100:
+        raise ValueError(
+            f"q must be below 100 (no sample count puts ten samples above the maximum), got {q!r}"
+        )
+    return math.ceil(10.0 / (1.0 - qf / 100.0) - 1e-6)  # the tolerance absorbs binary rounding of q
 
 
 def fanout_tail_probability(k: int, q: float = 99.0) -> float:

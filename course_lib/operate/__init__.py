@@ -1,7 +1,7 @@
 """Layer 5, running the service in production: rollouts, drift, metrics, alert rules, HPA manifests, pools.
 
 Canary and shadow rollouts, drift, the monitored service and its Prometheus metrics,
-``histogram_quantile``, alert rules and ``promtool``, HPA manifests, a model pool.
+``histogram_quantile``, a real Prometheus server, alert rules and ``promtool``, HPA manifests, a model pool.
 
 Imports only from the layers below.
 """
@@ -15,5 +15,6 @@ __all__ = [
     "model_pool",
     "monitored_service",
     "prom_quantile",
+    "prometheus_server",
     "promtool",
 ]

@@ -9,7 +9,9 @@
   library import, session creation, and a warm-up of N calls.
 * :func:`noisy_neighbour` times single-row scoring in this process while a batch-scoring process shares
   the cores, at normal priority with all threads, and niced with one thread (a priority and
-  concurrency limit), switching the neighbours on and off with SIGCONT/SIGSTOP in interleaved rounds.
+  concurrency limit), switching the neighbours on and off with SIGCONT/SIGSTOP in interleaved rounds
+  whose order rotates; every round gives each condition's p50 and p99 next to the same round's
+  "alone", so the ratios get intervals over the rounds (:mod:`course_lib.core.intervals`).
 
 Each helper process is started with this module's command line (``python -m course_lib.operate.model_pool``),
 exits when its work or its ``--lifetime-s`` is done, and also when its parent dies.
@@ -38,7 +40,8 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from course_lib.core.bench import time_calls_ns
+from course_lib.core.bench import round_order, time_calls_ns
+from course_lib.core.intervals import ratio_interval
 from course_lib.core.percentiles import percentile
 from course_lib.core.waiting import wait_until
 from course_lib.cost import replicas_needed
@@ -160,15 +163,36 @@ def noisy_neighbour(
     model_path: str | Path,
     *,
     calls_per_block: int = 2000,
-    rounds: int = 3,
+    rounds: int = 6,
     batch_rows: int = 20_000,
+    confidence: float = 0.95,
 ) -> pd.DataFrame:
     """p50/p99 of ``score_one()`` alone and beside a batch job, with and without a priority limit.
 
     Two batch-job processes score ``batch_rows``-row batches in a loop: one at normal priority with
     as many threads as cores, one at ``nice 19`` with one thread. Both are paused (SIGSTOP) except
-    during their own blocks; conditions run in interleaved rounds, warm-up excluded.
-    Returns one row per condition with ``p50_us``, ``p99_us`` and ``p99_vs_alone``.
+    during their own blocks; the three conditions run in ``rounds`` interleaved rounds, in an order
+    rotated from round to round (:func:`course_lib.core.bench.round_order`), warm-up excluded.
+
+    Parameters
+    ----------
+    score_one : zero-argument callable, one live request's work.
+    model_path : the ONNX model the batch jobs score.
+    calls_per_block : int
+        Timed calls per condition per round; a per-round p99 needs at least 1,000
+        (:func:`course_lib.core.percentiles.samples_needed`).
+    rounds : int
+        At least ``min_rounds(confidence)`` (6 for 0.95).
+    batch_rows : rows per batch-job call.
+    confidence : coverage of the ratios' intervals.
+
+    Returns
+    -------
+    DataFrame, one row per condition: ``p50_us``, ``p99_us`` (nearest rank over all rounds),
+    ``p99_vs_alone`` (median over rounds of the round's p99 over the same round's p99 alone) with
+    ``p99_low`` and ``p99_high`` (its interval), and ``p50_vs_alone`` the same way for the median.
+    ``.attrs["intervals"]`` maps (condition, "p50" or "p99") to its
+    :class:`course_lib.core.intervals.RatioInterval` for wording the result.
     """
     jobs = {
         "beside a batch job (all cores, normal priority)": ("0", str(os.cpu_count() or 1)),
@@ -183,8 +207,8 @@ def noisy_neighbour(
         for proc in procs.values():
             proc.send_signal(signal.SIGSTOP)
         time_calls_ns(score_one, calls_per_block)  # warm-up, excluded
-        for _ in range(rounds):
-            for name in samples:
+        for r in range(rounds):
+            for name in round_order(list(samples), r):
                 proc = procs.get(name)
                 if proc is not None:
                     proc.send_signal(signal.SIGCONT)
@@ -202,12 +226,22 @@ def noisy_neighbour(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=30)
-    rows = []
+    rows, intervals = [], {}
     for name, blocks in samples.items():
         us = np.concatenate(blocks) / 1000.0
-        rows.append({"condition": name, "p50_us": percentile(us, 50), "p99_us": percentile(us, 99)})
-    table = pd.DataFrame(rows)
-    return table.assign(p99_vs_alone=table["p99_us"] / table["p99_us"].iloc[0])
+        row = {"condition": name, "p50_us": percentile(us, 50), "p99_us": percentile(us, 99)}
+        for q in (50, 99):
+            interval = ratio_interval(blocks, samples["alone"], q=q, confidence=confidence)
+            intervals[(name, f"p{q}")] = interval
+            row[f"p{q}_vs_alone"] = interval.ratio
+            if q == 99:
+                row["p99_low"], row["p99_high"] = interval.low, interval.high
+        rows.append(row)
+    table = pd.DataFrame(rows)[
+        ["condition", "p50_us", "p99_us", "p99_vs_alone", "p99_low", "p99_high", "p50_vs_alone"]
+    ]
+    table.attrs["intervals"] = intervals
+    return table
 
 
 def _start_batch_job(args: list[str]) -> subprocess.Popen:

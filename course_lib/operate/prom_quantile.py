@@ -10,14 +10,18 @@ one bucket, so it cannot tell a 15 ms p95 from a 45 ms one; ``SLO_BUCKETS_S`` is
 ``histogram_quantile`` is a line-by-line port of ``bucketQuantile`` in Prometheus's
 ``promql/quantile.go`` (coalescing equal bounds, correcting float precision, forcing monotonic
 counts, the special cases for q outside [0, 1], a missing +Inf bucket and an empty histogram).
-``extrapolated_rate`` ports ``extrapolatedRate`` in ``promql/functions.go`` for float counters.
+``extrapolated_rate`` ports ``extrapolatedRate`` in ``promql/functions.go`` for float counters, with
+the two rules that changed between the Prometheus versions a student may have (``rate_rules`` picks
+them from a version string): the range's left end (closed before 3.0, open from 3.0) and the order of
+the "never extrapolate below zero" limit and the 1.1-interval test (swapped in 2.51).
 
 References
 ----------
 Prometheus documentation, "Query functions: histogram_quantile()" and "Histograms and summaries"
 (https://prometheus.io/docs/practices/histograms/). Prometheus source, ``promql/quantile.go``
 (``bucketQuantile``, ``coalesceBuckets``, ``ensureMonotonic``, ``correctPrecisionErrors``) and
-``promql/functions.go`` (``extrapolatedRate``).
+``promql/functions.go`` (``extrapolatedRate``; commit 7f912db, "promql: Fix limiting of extrapolation
+to negative values", first released in v2.51.0).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "cumulative_buckets",
     "extrapolated_rate",
     "histogram_quantile",
+    "rate_rules",
     "scraped_buckets",
 ]
 
@@ -237,6 +242,7 @@ def extrapolated_rate(
     range_s: float,
     *,
     left_open: bool = False,
+    limit_to_zero_first: bool = False,
 ) -> float:
     """``rate(counter[range])`` evaluated at ``at_s``, with Prometheus's extrapolation.
 
@@ -247,6 +253,12 @@ def extrapolated_rate(
     left_open : bool
         Prometheus 3 selects samples in (at - range, at]; Prometheus 2 (and the promtool 2.x that
         Debian ships) in [at - range, at]. Both are kept so a test can avoid instants where they differ.
+    limit_to_zero_first : bool
+        Prometheus before 2.51 first moves the start of the extrapolation to the counter's extrapolated
+        zero point (when that is closer) and only then applies the 1.1-interval test; from 2.51 the
+        test comes first and the zero limit after (commit 7f912db). The two differ only when the
+        first sample is far from the range's start and the counter extrapolates to zero nearby.
+        ``rate_rules(version)`` gives the right flags for a server's version.
 
     Returns
     -------
@@ -274,10 +286,49 @@ def extrapolated_rate(
     sampled = ts[-1] - ts[0]
     average = sampled / (len(ts) - 1)
     threshold = average * 1.1
+    can_reach_zero = result > 0 and vs[0] >= 0
+    if limit_to_zero_first and can_reach_zero:  # Prometheus < 2.51
+        to_start = min(to_start, sampled * (vs[0] / result))
     if to_start >= threshold:
         to_start = average / 2
-    if result > 0 and vs[0] >= 0:
+    if not limit_to_zero_first and can_reach_zero:  # Prometheus >= 2.51
         to_start = min(to_start, sampled * (vs[0] / result))
     if to_end >= threshold:
         to_end = average / 2
-    return result * (sampled + to_start + to_end) / sampled / range_s
+    # the same operations in the same order as Go's, so the float result is the same to the last bit
+    extrapolate_to = sampled
+    extrapolate_to += to_start
+    extrapolate_to += to_end
+    factor = extrapolate_to / sampled
+    factor /= range_s
+    return result * factor
+
+
+def rate_rules(version: str) -> dict[str, bool]:
+    """The ``extrapolated_rate`` flags that reproduce the ``rate`` of a Prometheus ``version``.
+
+    Parameters
+    ----------
+    version : str
+        As ``/api/v1/status/buildinfo`` or ``prometheus --version`` give it, e.g. ``"2.42.0+ds"``.
+
+    Returns
+    -------
+    dict with ``left_open`` (True from 3.0) and ``limit_to_zero_first`` (True before 2.51).
+
+    Raises
+    ------
+    ValueError
+        If ``version`` does not start with MAJOR.MINOR.
+
+    Examples
+    --------
+    >>> rate_rules("2.42.0+ds"), rate_rules("3.5.0")
+    ({'left_open': False, 'limit_to_zero_first': True}, {'left_open': True, 'limit_to_zero_first': False})
+    """
+    parts = str(version).lstrip("v").split(".")
+    try:
+        major, minor = int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or "x")
+    except (IndexError, ValueError):
+        raise ValueError(f"version must start with MAJOR.MINOR (e.g. '2.42.0'), got {version!r}") from None
+    return {"left_open": major >= 3, "limit_to_zero_first": (major, minor) < (2, 51)}

@@ -77,8 +77,9 @@ def variant_latency(
     *,
     batch_sizes: Sequence[int] = (1, 1024),
     n_calls: Mapping[int, int] | None = None,
-    rounds: int = 3,
+    rounds: int = 6,
     warmup_calls: int = 5,
+    confidence: float | None = None,
 ) -> pd.DataFrame:
     """Median latency of every variant at every batch size, all variants timed side by side.
 
@@ -90,12 +91,14 @@ def variant_latency(
     n_calls : mapping of batch size -> timed calls per round, optional
         A batch size it does not name gets the harness's rule (:func:`course_lib.core.bench.calls_per_round`:
         about 1 s timed per variant, 20 to 1,000 calls per round).
-    rounds, warmup_calls : as in ``course_lib.core.bench.compare_latency``.
+    rounds, warmup_calls, confidence : as in ``course_lib.core.bench.compare_latency``.
 
     Returns
     -------
     DataFrame indexed by variant with ``median_us_b{B}`` and ``speedup_b{B}`` for each batch size B
-    (speedup = baseline median / variant median, measured in the same run).
+    (speedup = baseline median / variant median, measured in the same run). With ``confidence``, also
+    ``speedup_low_b{B}``, ``speedup_high_b{B}`` and ``resolved_b{B}`` (+1 faster, -1 slower, 0 not
+    resolved), and ``.attrs["intervals"]`` = {B: {variant: RatioInterval of its time over the baseline's}}.
 
     Raises
     ------
@@ -106,6 +109,7 @@ def variant_latency(
     if len(X) < max(batch_sizes):
         raise InvalidArgumentError(f"X has {len(X)} rows; the largest batch size needs {max(batch_sizes)}")
     columns = {}
+    intervals: dict[int, dict[str, object]] = {}
     for batch in batch_sizes:
         rows = X.iloc[:batch]
         candidates = {}
@@ -113,11 +117,20 @@ def variant_latency(
             feeds = scorer.feeds(rows)
             candidates[name] = lambda s=scorer, f=feeds: s.run(f)
         calls = (n_calls or {}).get(batch)  # None: the harness's rule, course_lib.core.bench.calls_per_round
-        table = compare_latency(candidates, n_calls=calls, rounds=rounds, warmup_calls=warmup_calls)
+        table = compare_latency(
+            candidates, n_calls=calls, rounds=rounds, warmup_calls=warmup_calls, confidence=confidence
+        )
         columns[f"median_us_b{batch}"] = table["median_us"]
         columns[f"speedup_b{batch}"] = table["speedup"]
+        if confidence is not None:
+            columns[f"speedup_low_b{batch}"] = table["speedup_low"]
+            columns[f"speedup_high_b{batch}"] = table["speedup_high"]
+            columns[f"resolved_b{batch}"] = table["resolved"]
+            intervals[batch] = table.attrs["intervals"]
     out = pd.DataFrame(columns)
     out.index.name = "variant"
+    if confidence is not None:
+        out.attrs["intervals"] = intervals
     return out
 
 

@@ -2,11 +2,14 @@
 
 * ``_stages``: ``StageTimer``, ``RequestProfile``, ``LatencyBudget`` (p50/p95/p99 per stage, SLO flags),
   ``profile_requests``;
+* ``_rounds``: ``profile_in_rounds`` (several configurations side by side in interleaved, rotated
+  rounds) and its ``RoundsProfile`` (per-round budgets, ratios with intervals);
 * ``_server_timing``: ``format_server_timing`` / ``parse_server_timing`` (W3C Server Timing).
 """
 
 from __future__ import annotations
 
+from course_lib.serving.profiling._rounds import RoundsProfile, profile_in_rounds
 from course_lib.serving.profiling._server_timing import (
     check_metric_name,
     format_server_timing,
@@ -26,9 +29,11 @@ __all__ = [
     "SUMMARY_COLUMNS",
     "LatencyBudget",
     "RequestProfile",
+    "RoundsProfile",
     "StageTimer",
     "check_metric_name",
     "format_server_timing",
     "parse_server_timing",
+    "profile_in_rounds",
     "profile_requests",
 ]
