@@ -1,4 +1,4 @@
-"""Intervals for ratios measured in interleaved rounds: when may a comparison use a direction word?
+"""Intervals for ratios measured in interleaved rounds, which decide when a comparison may use a direction word.
 
 A timing comparison on a shared machine is a paired experiment: the course's harness
 (:func:`course_lib.core.bench.interleaved_rounds_ns`) runs every candidate once per round, in turn, so

@@ -1,5 +1,7 @@
-"""A real Prometheus server for the lessons: started on 127.0.0.1 with a generated scrape configuration,
-queried through its HTTP API, and compared with the course's port of its arithmetic.
+"""A real Prometheus server on 127.0.0.1, queried through its HTTP API and compared with the course's port.
+
+Started with a generated scrape configuration, queried through its HTTP API, and compared with the
+course's port of its arithmetic.
 
 ``prometheus_server`` (private ``_server``) starts and always stops the server; ``same_scrape_comparison``
 (private ``_same_scrape``) puts its ``histogram_quantile`` of a ``rate`` beside the port's on the same

@@ -121,8 +121,7 @@ def scrape_config(
     >>> cfg["global"]["scrape_interval"], cfg["scrape_configs"][0]["static_configs"][0]["targets"]
     ('500ms', ['127.0.0.1:8123'])
     """
-    if not targets:
-        raise checks.InvalidArgumentError(f"targets must name at least one host:port, got {targets!r}")
+    checks.non_empty("targets", targets)
     interval = checks.positive_number("scrape_interval_s", scrape_interval_s)
     if not metrics_path.startswith("/"):
         raise checks.InvalidArgumentError(f"metrics_path must start with '/', got {metrics_path!r}")

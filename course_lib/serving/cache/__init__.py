@@ -1,4 +1,3 @@
-"""The prediction cache: keys, in-process and Redis stores, the cached churn service, a local Redis server,
-and what a hit and a miss cost against no cache."""
+"""The prediction cache: keys, in-process and Redis stores, the cached service, a local Redis, hit/miss costs."""
 
 __all__ = ["costs", "key", "redis_server", "service", "stores"]
