@@ -109,6 +109,7 @@ def score_on_dask(
     chunk_rows: int | None = None,
     threads: int = 1,
     scored_at: dt.datetime | None = None,
+    workers: list[str] | None = None,
 ) -> DaskJobSummary:
     """Score every chunk of a Parquet store on the workers behind ``client``.
 
@@ -127,6 +128,9 @@ def score_on_dask(
         Scoring threads per task.
     scored_at : datetime, optional
         As in ``score_store``.
+    workers : list of worker addresses, optional
+        Run every task on these workers only (e.g. one worker of a two-worker cluster, to compare one
+        worker with two on the same warm processes); default any worker.
 
     Raises ``FileNotFoundError`` for a missing store and ``ValueError`` for a non-Parquet source, an
     unknown runtime or an output folder that holds another job.
@@ -158,7 +162,7 @@ def score_on_dask(
     start = time.perf_counter()
     futures = client.map(
         _score_task, [plan] * len(todo), todo, [str(out)] * len(todo), [shared] * len(todo),
-        [stamp_us] * len(todo), pure=False,
+        [stamp_us] * len(todo), pure=False, workers=workers, allow_other_workers=False,
     )  # fmt: skip
     results: list[ChunkResult] = client.gather(futures)
     seconds = time.perf_counter() - start
@@ -169,7 +173,7 @@ def score_on_dask(
     stage_s = {stage: sum(r.stage_s[stage] for r in results) for stage in STAGES}
     summary = DaskJobSummary(
         read, sum(r.scored for r in results), sum(r.rejected for r in results), plan.n_chunks,
-        len(client.scheduler_info()["workers"]), seconds, read / seconds if seconds else float("nan"), sessions,
+        len(workers) if workers else len(client.scheduler_info()["workers"]), seconds, read / seconds if seconds else float("nan"), sessions,
         plan.n_chunks - len(todo), stage_s,
     )  # fmt: skip
     (out / "_SUCCESS").write_text(json.dumps(asdict(summary), indent=1, default=str))

@@ -36,7 +36,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from course_lib.core.checks import integer
 from course_lib.offline.chunk import ChunkResult, ChunkTask, score_chunk
 
-__all__ = ["PARENT_CHECK_S", "run_chunks", "warm_up_workers"]
+__all__ = ["PARENT_CHECK_S", "run_chunks", "warm_up_workers", "worker_pool"]
 
 #: How often a worker process checks that the job's process is still alive, seconds.
 PARENT_CHECK_S = 0.1
@@ -88,6 +88,14 @@ def _exit_with_job(job_pid: int) -> None:
     threading.Thread(target=watch, name="job-watch", daemon=True).start()
 
 
+def worker_pool(processes: int) -> ProcessPoolExecutor:
+    """A pool of ``processes`` worker processes started as described above (close it with ``shutdown``)."""
+    processes = integer("processes", processes, min=1)
+    return ProcessPoolExecutor(
+        processes, mp_context=_context(), initializer=_exit_with_job, initargs=(os.getpid(),)
+    )
+
+
 def run_chunks(
     tasks: Sequence[ChunkTask], *, workers: int, on_result: Callable[[ChunkResult], None]
 ) -> dict[str, float]:
@@ -125,9 +133,7 @@ def run_chunks(
         return {"worker_processes": 0, "first_worker_result_s": float("nan")}
     lock, done = threading.Lock(), queue.SimpleQueue()
     state = {"outstanding": 0, "stop": False, "first": float("nan")}
-    pool = ProcessPoolExecutor(
-        extra, mp_context=_context(), initializer=_exit_with_job, initargs=(os.getpid(),)
-    )
+    pool = worker_pool(extra)
 
     def take(*, for_pool: bool) -> ChunkTask | None:
         with lock:
