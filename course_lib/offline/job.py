@@ -58,7 +58,7 @@ from course_lib.offline.store import (
     plan_chunks,
     read_chunk,
 )
-from course_lib.offline.workers import run_chunks
+from course_lib.offline.workers import run_chunks, warm_up_workers
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
@@ -130,7 +130,8 @@ def claim_output_dir(
 
     Records ``plan`` and the job's ``scored_at`` in ``_job.json``, removes ``_SUCCESS`` (the job is
     running again) and the temporary files of a killed run. Returns the folder and the ``scored_at``
-    every part of this job carries: the recorded one when resuming, else ``scored_at`` or now (UTC).
+    every part of this job carries: the recorded one when resuming, else ``scored_at`` or now (UTC, whole
+    seconds).
 
     Raises
     ------
@@ -141,6 +142,10 @@ def claim_output_dir(
         every argument has been checked, so a refused call records nothing.
     """
     out = Path(out_dir)
+    if scored_at is not None:
+        if scored_at.tzinfo is None:
+            raise ValueError(f"scored_at must carry a time zone (e.g. datetime.UTC), got {scored_at!r}")
+        scored_at = scored_at.astimezone(dt.UTC).replace(microsecond=0)
     previous = recorded_plan(out)
     if previous is not None:
         recorded_at = previous.pop("scored_at", None)
@@ -155,7 +160,7 @@ def claim_output_dir(
             scored_at = recorded
     elif out.is_dir() and any(out.glob("part-*.parquet")):
         raise ValueError(f"{out} holds part files of an unknown job; use a new out_dir")
-    stamp = (scored_at or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).replace(microsecond=0)
+    stamp = scored_at or dt.datetime.now(dt.UTC).replace(microsecond=0)
     out.mkdir(parents=True, exist_ok=True)
     (out / "_job.json").write_text(json.dumps({**plan, "scored_at": stamp.isoformat()}))
     (out / "_SUCCESS").unlink(missing_ok=True)
@@ -275,8 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS)
     parser.add_argument("--workers", type=int, default=None, help="processes (default: every usable core)")
     parser.add_argument("--threads", type=int, default=1, help="scoring threads per process (default 1)")
+    parser.add_argument("--scored-at", type=dt.datetime.fromisoformat, default=None,
+                        help="the job's timestamp, ISO 8601 with a time zone (default: now)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if (args.workers or default_workers(args.threads)) > 1:
+        warm_up_workers()  # the fork server imports its modules while this process loads the model
     from course_lib.churn.model import load_or_train_churn_model  # scikit-learn: only the command needs it
 
     source = Path(args.source) if args.source else build_parquet_store(args.customers, args.seed)
@@ -296,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         chunk_rows=args.chunk_rows,
         workers=args.workers,
         threads=args.threads,
+        scored_at=args.scored_at,
         progress=not args.no_progress,
     )
     print(json.dumps(asdict(summary)))
