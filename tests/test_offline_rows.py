@@ -55,6 +55,13 @@ def test_encoding_equals_the_pipelines_own_transform(chunk, churn_model):
     assert encoding.width == 40 and X.dtype == np.float32 and X.flags["C_CONTIGUOUS"]
     assert np.array_equal(X, expected.astype(np.float32), equal_nan=True)
     assert np.isnan(X).any(), "missing total_charges stay NaN for the model"
+    buffer = np.full((7_000, 40), -1.0, dtype=np.float32)  # a reused buffer, larger than the chunk
+    into = encode_rows(checked, encoding, out=buffer)
+    assert (
+        np.shares_memory(into, buffer) and into.shape == X.shape and np.array_equal(into, X, equal_nan=True)
+    )
+    with pytest.raises(ValueError, match="out must be"):
+        encode_rows(checked, encoding, out=np.empty((100, 40), dtype=np.float32))
 
 
 def test_each_bad_row_gets_the_first_violation_in_schema_order():
