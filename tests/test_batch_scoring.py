@@ -106,6 +106,19 @@ def test_parquet_store_matches_the_sqlite_store_population(tmp_path):
         pd.testing.assert_frame_equal(got.reset_index(drop=True).astype(as_text), expected, check_dtype=False)
 
 
+def test_the_sqlite_feature_store_scores_like_its_parquet_twin(tmp_path, churn_model):
+    parquet = build_parquet_store(3_000, 5, folder=tmp_path)
+    sqlite = build_feature_store(3_000, 5, folder=tmp_path).path
+    a = score_store(
+        parquet, tmp_path / "a", churn_model, chunk_rows=1_000, workers=2, scored_at=AT, progress=False
+    )
+    b = score_store(
+        sqlite, tmp_path / "b", churn_model, chunk_rows=1_000, workers=2, scored_at=AT, progress=False
+    )
+    assert (a.rows_scored, b.rows_scored, b.chunks) == (3_000, 3_000, 3)
+    pd.testing.assert_frame_equal(_parts(tmp_path / "a"), _parts(tmp_path / "b"))
+
+
 def test_bad_rows_are_rejected_with_their_reason_never_scored(churn_model, tmp_path):
     frame = make_customers(50, 1)[[ID_COLUMN, *FEATURE_COLUMNS]]
     frame = frame.astype({c: object for c in (ID_COLUMN, *CATEGORICAL_LEVELS)} | {"senior_citizen": "Int64"})
