@@ -207,9 +207,15 @@ def score_store(
     threads : int >= 1
         Scoring threads per process.
     scored_at : datetime, optional
-        The job's timestamp (default: now, or the recorded one when resuming).
+        The job's timestamp, with a time zone (default: now, or the recorded one when resuming).
     progress : bool
         Show a tqdm bar.
+
+    Notes
+    -----
+    With ``workers > 1`` a script that calls this needs multiprocessing's usual
+    ``if __name__ == "__main__":`` guard: worker processes start from a fork server (or are spawned),
+    which imports the script's module again.
 
     Raises
     ------
