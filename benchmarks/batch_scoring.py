@@ -16,9 +16,9 @@ One run prints (and records in ``data/measurements/batch_scoring.json``) everyth
 5. **verdicts** against the targets: 1M customers in under 4 s (>= 250,000 rows/s), end to end >= floor
    / 1.3 on the same cores, 10M customers under 1 GB (10^9 bytes) peak.
 
-Run: ``python benchmarks/batch_scoring.py`` (full: about 4-6 minutes on 2 cores, most of it building the
-10M store on first use and scoring it) or ``--quick`` (smaller, about 1-2 minutes, not recorded unless
-``--out`` is given). Timings hold for this machine and its load only (printed); rerun on a quiet machine.
+Run: ``python benchmarks/batch_scoring.py`` (full: about 5 minutes on a busy 2-core machine, of which the
+first build of the 10M store takes about a minute and scoring it most of the rest) or ``--quick``
+(200k customers and a 2M memory run, about 2 minutes; not recorded unless ``--out`` is given). Timings hold for this machine and its load only (printed); rerun on a quiet machine.
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ def kill_and_resume(store: Path, folder: Path, runtime: str, workers: int, chunk
     subprocess.run(
         job_command(store, reference, runtime, workers, chunk_rows), capture_output=True, check=True
     )
-    job = subprocess.Popen(job_command(store, out, runtime, workers, chunk_rows), stdout=subprocess.DEVNULL)
+    # stderr too: after a SIGKILL, multiprocessing's resource tracker reports the job's semaphores it frees
+    job = subprocess.Popen(job_command(store, out, runtime, workers, chunk_rows), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_until(
             lambda: len(list(out.glob("part-*.parquet"))) >= 3 or job.poll() is not None, timeout_s=300
@@ -138,11 +140,13 @@ def kill_and_resume(store: Path, folder: Path, runtime: str, workers: int, chunk
         return not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
     workers_exited = bool(wait_until(gone, timeout_s=30, what="the killed job's workers to exit"))
+    parts_after_exit = len(list(out.glob("part-*.parquet")))  # a worker may finish its part before it notices
     command = job_command(store, out, runtime, workers, chunk_rows)
     summary = json.loads(
         subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
     )
     return {"chunk_rows": chunk_rows, "killed_while_running": killed_running, "parts_at_kill": parts_at_kill,
+            "parts_when_workers_exited": parts_after_exit,
             "of_parts": summary["chunks"], "workers_exited_after_kill": workers_exited,
             "chunks_resumed": summary["chunks_resumed"],
             "resumed_equals_uninterrupted": files(out) == files(reference)}  # fmt: skip
@@ -249,9 +253,10 @@ def report(runs, same, resume, memory, customers, memory_customers, workers, run
     )
     print(f"parallel files == single-process files, byte for byte: {same}")
     print(
-        f"SIGKILL after {resume['parts_at_kill']} of {resume['of_parts']} parts (job still running: "
-        f"{resume['killed_while_running']}), workers exited: {resume['workers_exited_after_kill']}, resumed "
-        f"{resume['chunks_resumed']} parts, files equal an uninterrupted run: {resume['resumed_equals_uninterrupted']}"
+        f"SIGKILL with {resume['parts_at_kill']} of {resume['of_parts']} parts written (job still running: "
+        f"{resume['killed_while_running']}); its workers exited: {resume['workers_exited_after_kill']} (by then "
+        f"{resume['parts_when_workers_exited']} parts); the rerun resumed {resume['chunks_resumed']} parts; files "
+        f"equal an uninterrupted run's: {resume['resumed_equals_uninterrupted']}"
     )
     peak_bytes = max(memory["tree_peak_rss_mib"], memory["peak_rss_mib"]) * MIB
     print(f"{memory_customers:,} customers: {memory['seconds']:.1f} s = {memory['rows_per_s']:,.0f} rows/s, "
