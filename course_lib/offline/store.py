@@ -77,13 +77,13 @@ def build_parquet_store(
     base.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     width = max(7, len(str(n_customers)))
-    schema = None
-    with pq.ParquetWriter(tmp, _store_schema()) as writer:
+    # every column dictionary-encoded except the unique ids, for which a dictionary only costs time
+    with pq.ParquetWriter(tmp, _store_schema(), use_dictionary=list(FEATURE_COLUMNS)) as writer:
         for k, start in enumerate(range(0, n_customers, generate_rows)):
             rows = min(generate_rows, n_customers - start)
             block = make_customers(rows, seed + k)[[ID_COLUMN, *FEATURE_COLUMNS]]
             block[ID_COLUMN] = [f"SC-{i:0{width}d}" for i in range(start + 1, start + rows + 1)]
-            table = pa.Table.from_pandas(block, schema=schema or _store_schema(), preserve_index=False)
+            table = pa.Table.from_pandas(block, schema=_store_schema(), preserve_index=False)
             writer.write_table(table, row_group_size=row_group_rows)
     os.replace(tmp, path)
     return path
