@@ -183,6 +183,8 @@ def test_parallel_output_equals_the_single_process_output_bit_for_bit(churn_mode
                            scored_at=AT, progress=False) for w in (1, 2, 3)}  # fmt: skip
     assert [runs[w].workers for w in (1, 2, 3)] == [1, 2, 3]
     assert len(runs[3].peak_rss_mib_by_process) == 3, "this process and two worker processes scored chunks"
+    workers = {pid: n for pid, n in runs[3].scorers_by_process.items() if pid != "this"}
+    assert len(workers) == 2 and set(workers.values()) == {1}, "one scorer per worker, reused for every chunk"
     single = _files(tmp_path / "w1")
     assert len(single) == 24 and _files(tmp_path / "w2") == single and _files(tmp_path / "w3") == single
 

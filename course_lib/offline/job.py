@@ -90,7 +90,8 @@ class JobSummary:
     ``stage_s`` sums each stage's seconds over the chunks of this run, across processes (so with two
     processes it can exceed ``seconds``). ``peak_rss_mib`` adds up the peak resident memory of every
     process (an upper bound on their simultaneous total; shared library pages count once per
-    process); ``peak_rss_mib_by_process`` maps "this" and each worker pid to its own peak.
+    process); ``peak_rss_mib_by_process`` maps "this" and each worker pid to its own peak, and
+    ``scorers_by_process`` to the scorers it built (one: each process reuses its scorer for every chunk).
     """
 
     rows_read: int
@@ -110,6 +111,7 @@ class JobSummary:
     stage_s: dict[str, float] = field(default_factory=dict)
     first_worker_result_s: float = float("nan")
     peak_rss_mib_by_process: dict[str, float] = field(default_factory=dict)
+    scorers_by_process: dict[str, int] = field(default_factory=dict)
 
 
 def default_workers(threads: int = 1) -> int:
@@ -244,6 +246,7 @@ def score_store(
             counts["resumed_rows"] += scored + rejected
     stage_s = dict.fromkeys(STAGES, 0.0)
     peaks: dict[str, float] = {}
+    scorers: dict[str, int] = {}
     bar = tqdm(total=plan.rows, initial=counts["resumed_rows"], unit="rows", unit_scale=True,
                disable=not progress, desc="scoring")  # fmt: skip
 
@@ -255,6 +258,7 @@ def score_store(
             stage_s[stage] += seconds
         key = "this" if result.pid == os.getpid() else str(result.pid)
         peaks[key] = max(peaks.get(key, 0.0), result.peak_rss_mib)
+        scorers[key] = result.scorers_built
         bar.update(result.rows)
 
     start = time.perf_counter()
@@ -266,7 +270,7 @@ def score_store(
         counts["read"] + counts["resumed_rows"], counts["scored"], counts["rejected"], plan.n_chunks,
         plan.n_chunks - len(todo), seconds, counts["read"] / seconds if seconds else float("nan"),
         sum(peaks.values()), runtime, model.model_version, str(out), 1 + pool["worker_processes"], threads,
-        stamp.isoformat(), stage_s, pool["first_worker_result_s"], peaks,
+        stamp.isoformat(), stage_s, pool["first_worker_result_s"], peaks, scorers,
     )  # fmt: skip
     (out / "_SUCCESS").write_text(json.dumps(asdict(summary), indent=1))
     return summary
