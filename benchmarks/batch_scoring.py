@@ -44,7 +44,13 @@ from course_lib.core.env import env_report
 from course_lib.core.waiting import wait_until
 from course_lib.measure.capacity_record import write_measurement
 from course_lib.offline.floor import model_floor
-from course_lib.offline.job import SOURCE000_ROWS_PER_S, build_parquet_store, choose_runtime, default_workers
+from course_lib.offline.job import (
+    SOURCE000_ROWS_PER_S,
+    build_parquet_store,
+    choose_runtime,
+    default_workers,
+    same_output,
+)
 from course_lib.offline.rows import check_rows, encode_rows
 from course_lib.offline.scorers import scorer_spec
 from course_lib.offline.store import plan_chunks, read_chunk
@@ -110,10 +116,6 @@ def run_job(store: Path, out: Path, runtime: str, workers: int) -> dict:
     return {**summary, "process_wall_s": wall_s, "tree_peak_rss_mib": peak_rss, "tree_peak_pss_mib": peak_pss}
 
 
-def files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.parquet"))}
-
-
 def kill_and_resume(store: Path, folder: Path, runtime: str, workers: int, chunk_rows: int) -> dict:
     """SIGKILL a running parallel job after 3 parts, check its workers exit, resume, compare with a whole run."""
     out, reference = folder / "killed", folder / "whole"
@@ -149,7 +151,7 @@ def kill_and_resume(store: Path, folder: Path, runtime: str, workers: int, chunk
             "parts_when_workers_exited": parts_after_exit,
             "of_parts": summary["chunks"], "workers_exited_after_kill": workers_exited,
             "chunks_resumed": summary["chunks_resumed"],
-            "resumed_equals_uninterrupted": files(out) == files(reference)}  # fmt: skip
+            "resumed_equals_uninterrupted": same_output(out, reference)}  # fmt: skip
 
 
 def main() -> None:
@@ -198,7 +200,7 @@ def main() -> None:
                 print(f"repeat {r} processes {procs}: floor {floor.rows_per_s:>9,.0f} rows/s | job {job['seconds']:5.2f} s "
                       f"{job['rows_per_s']:>9,.0f} rows/s (process wall {job['process_wall_s']:.1f} s), "
                       f"floor/job {floor.rows_per_s / job['rows_per_s']:.2f}")  # fmt: skip
-        same = files(scratch / f"w{workers}") == files(scratch / "w1")
+        same = same_output(scratch / f"w{workers}", scratch / "w1")
         resume = kill_and_resume(store, scratch, runtime, workers, chunk_rows=max(1_000, customers // 20))
         memory_store = build_parquet_store(memory_customers, 0)
         memory = run_job(memory_store, scratch / "memory", runtime, workers)

@@ -27,6 +27,7 @@ from course_lib.offline.job import (
     build_parquet_store,
     iter_store_chunks,
     recorded_plan,
+    same_output,
     score_store,
 )
 from course_lib.offline.scorers import ScorerSpec, scorer_spec
@@ -65,11 +66,6 @@ def _live(processes: list[psutil.Process]) -> list[psutil.Process]:
             return False
 
     return [p for p in processes if running(p)]
-
-
-def _files(folder: Path) -> dict[str, bytes]:
-    """Every part and reject file of a job folder, by name, as bytes."""
-    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.parquet"))}
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +181,10 @@ def test_parallel_output_equals_the_single_process_output_bit_for_bit(churn_mode
     assert len(runs[3].peak_rss_mib_by_process) == 3, "this process and two worker processes scored chunks"
     workers = {pid: n for pid, n in runs[3].scorers_by_process.items() if pid != "this"}
     assert len(workers) == 2 and set(workers.values()) == {1}, "one scorer per worker, reused for every chunk"
-    single = _files(tmp_path / "w1")
-    assert len(single) == 24 and _files(tmp_path / "w2") == single and _files(tmp_path / "w3") == single
+    assert len(list((tmp_path / "w1").glob("*.parquet"))) == 24
+    assert same_output(tmp_path / "w1", tmp_path / "w2") and same_output(tmp_path / "w1", tmp_path / "w3")
+    (tmp_path / "empty").mkdir()
+    assert not same_output(tmp_path / "w1", tmp_path / "empty")
 
 
 def test_a_failing_chunk_stops_the_job_and_its_workers(churn_model, tmp_path):
@@ -230,7 +228,7 @@ def test_a_job_killed_by_sigkill_resumes_to_the_same_files(tmp_path, churn_model
     reference = tmp_path / "uninterrupted"
     score_store(source, reference, churn_model, runtime="xgboost", chunk_rows=2_000, scored_at=recorded_at,
                 progress=False)  # fmt: skip
-    assert _files(out) == _files(reference)
+    assert same_output(out, reference)
 
 
 def test_a_job_folder_refuses_other_settings(store, churn_model, tmp_path):
@@ -261,10 +259,9 @@ def test_dask_writes_the_single_process_files_and_resumes_its_folders(churn_mode
     assert result.rows_scored == single.rows_scored == 100_000 and result.partitions == 4
     assert set(result.sessions_per_worker.values()) == {1}, "one scorer per worker"
     assert set(result.stage_s) == {"read", "check", "encode", "model", "write"}
-    assert _files(tmp_path / "dask") == _files(tmp_path / "single")
-    assert (resumed.chunks_resumed, resumed.rows_read) == (2, 50_000) and _files(half) == _files(
-        tmp_path / "single"
-    )
+    assert same_output(tmp_path / "dask", tmp_path / "single")
+    assert (resumed.chunks_resumed, resumed.rows_read) == (2, 50_000)
+    assert same_output(half, tmp_path / "single")
     assert (tmp_path / "dask" / "_SUCCESS").is_file()
 
 

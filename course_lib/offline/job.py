@@ -74,6 +74,7 @@ __all__ = [
     "make_scorer",
     "recorded_plan",
     "row_problems",
+    "same_output",
     "score_store",
 ]
 
@@ -169,6 +170,19 @@ def claim_output_dir(
     for leftover in out.glob(".*.parquet.*.tmp"):
         leftover.unlink(missing_ok=True)
     return out, stamp
+
+
+def same_output(a: str | Path, b: str | Path) -> bool:
+    """Whether two job folders hold the same part and reject files (names and bytes).
+
+    Two runs of one job with the same ``scored_at`` write identical files however many processes (or
+    Dask workers) scored them, and a resumed run writes what an uninterrupted one would have.
+    """
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*.parquet"))}
+
+    return files(Path(a)) == files(Path(b))
 
 
 def _resumed_rows(task: ChunkTask) -> tuple[int, int]:
