@@ -199,6 +199,22 @@ def test_a_failing_chunk_stops_the_job_and_its_workers(churn_model, tmp_path):
     assert not _live(_pool_workers()), "the pool's worker processes are gone"
 
 
+def test_a_worker_killed_mid_job_fails_the_job_instead_of_hanging(churn_model, tmp_path):
+    from concurrent.futures.process import BrokenProcessPool
+
+    source = build_parquet_store(60_000, 2, folder=tmp_path, row_group_rows=2_000)
+    spec = scorer_spec(churn_model, "xgboost")
+    tasks = [ChunkTask(plan_chunks(source, 2_000), i, str(tmp_path), spec, 0) for i in range(30)]
+
+    def kill_a_worker(result) -> None:
+        for worker in _live(_pool_workers()):
+            worker.send_signal(signal.SIGKILL)
+
+    with pytest.raises(BrokenProcessPool):
+        run_chunks(tasks, workers=2, on_result=kill_a_worker)
+    assert len(list(tmp_path.glob("part-*.parquet"))) < 30
+
+
 def test_a_job_killed_by_sigkill_resumes_to_the_same_files(tmp_path, churn_model):
     source = build_parquet_store(40_000, 3, folder=tmp_path, row_group_rows=2_000)
     out = tmp_path / "out"

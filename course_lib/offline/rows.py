@@ -126,9 +126,12 @@ def _category_codes(array: pa.Array, levels: tuple[str, ...]) -> np.ndarray:
     if not (pa.types.is_dictionary(array.type) and _is_text(array.type.value_type)):
         return np.full(len(array), -1, dtype=np.int8)  # numbers, booleans ...: never a level
     where = {level: i for i, level in enumerate(levels)}
-    lut = np.array([where.get(v, -1) for v in array.dictionary.to_pylist()] + [-1], dtype=np.int8)
-    indices = array.indices.fill_null(len(lut) - 1) if array.null_count else array.indices
-    return lut[indices.to_numpy()]
+    lut = np.array([where.get(v, -1) for v in array.dictionary.to_pylist()], dtype=np.int8)
+    if not array.null_count:
+        return lut[array.indices.to_numpy()]
+    codes = lut[array.indices.fill_null(0).to_numpy()] if len(lut) else np.full(len(array), -1, np.int8)
+    codes[array.is_null().to_numpy(zero_copy_only=False)] = -1
+    return codes
 
 
 def _numeric_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:

@@ -24,6 +24,7 @@ Python documentation, ``concurrent.futures.ProcessPoolExecutor`` (``mp_context``
 from __future__ import annotations
 
 import collections
+import math
 import multiprocessing
 import os
 import queue
@@ -148,8 +149,9 @@ def run_chunks(
             return
         try:
             future = pool.submit(score_chunk, task)
-        except RuntimeError:  # the pool is shutting down after an error: nothing more starts
-            return
+        except RuntimeError as error:  # a broken pool, or one shutting down after an error
+            future = Future()
+            future.set_exception(error)  # counted as outstanding: collect() raises it
         future.add_done_callback(finished)
 
     def finished(future: Future) -> None:
@@ -167,7 +169,7 @@ def run_chunks(
                 state["outstanding"] -= 1
             if future.exception() is not None:
                 raise future.exception()
-            if state["first"] != state["first"]:
+            if math.isnan(state["first"]):
                 state["first"] = time.perf_counter() - start
             on_result(future.result())
 
