@@ -331,3 +331,21 @@ def test_triton_knobs_are_checked_and_unknown_fields_cannot_parse(churn_model, t
     bad.write_text('name: "x"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_ms: 3 }\n')
     with pytest.raises(text_format.ParseError):
         parse_config(bad)
+
+
+def test_the_benchmark_records_every_check_it_prints(tmp_path):
+    record = tmp_path / "batch_scoring.json"
+    cmd = [sys.executable, "benchmarks/batch_scoring.py", "--customers", "20000", "--memory-customers", "30000",
+           "--repeats", "1", "--out", str(record)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
+    for line in ("runtime candidates", "=== verdicts", "byte for byte: True", "30,000 customers"):
+        assert line in done.stdout
+    data = json.loads(record.read_text())
+    assert data["schema"] == "inference-workbook/batch-scoring/1" and data["usable_cores"] >= 1
+    assert {"measured_at", "cpu", "load_average_1m", "runtime", "processes", "floor_rows_per_s"} <= set(data)
+    assert len(data["runs"]) == 2 and all(
+        r["rows_per_s"] > 0 and r["floor_rows_per_s"] > 0 for r in data["runs"]
+    )
+    assert {c["runtime"] for c in data["candidates"]} == {"xgboost", "onnxruntime", "treelite"}
+    assert data["checks"]["parallel_equals_single_process"] and data["checks"]["resumed_equals_uninterrupted"]
+    assert data["checks"]["workers_exited_after_kill"] and data["memory_run"]["rows_read"] == 30_000
