@@ -120,8 +120,7 @@ def test_the_package_tree_is_readable_from_ls():
         entries = [
             p
             for p in package.parent.iterdir()
-            if p.name not in {"__init__.py", "__main__.py", "__pycache__"}
-            and (p.suffix == ".py" or p.is_dir())
+            if p.name not in {"__init__.py", "__main__.py", "__pycache__"} and (p.suffix == ".py" or p.is_dir())
         ]
         assert len(entries) <= MAX_PACKAGE_MODULES, (package.parent.name, sorted(p.name for p in entries))
     long = {
@@ -134,17 +133,13 @@ def test_the_package_tree_is_readable_from_ls():
 
 @pytest.fixture
 def planted_tree(tmp_path: Path) -> Path:
-    shutil.copytree(
-        ROOT / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    shutil.copytree(ROOT / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path / "course_lib"
 
 
 def test_a_planted_upward_import_is_caught(planted_tree: Path):
     target = planted_tree / "core" / "checks.py"
-    target.write_text(
-        target.read_text() + "\n\ndef _late():\n    from course_lib.measure.loadgen import run_open_loop\n"
-    )
+    target.write_text(target.read_text() + "\n\ndef _late():\n    from course_lib.measure.loadgen import run_open_loop\n")
     bad = layer_violations(course_imports(planted_tree))
     assert bad == ["course_lib.core.checks (layer 0) imports course_lib.measure.loadgen (layer 4)"]
 
@@ -159,9 +154,7 @@ def test_a_planted_sibling_import_is_caught(planted_tree: Path):
 def test_a_planted_cycle_is_caught(planted_tree: Path):
     target = planted_tree / "core" / "percentiles.py"
     target.write_text(target.read_text() + "\nfrom course_lib.core.bench import interleaved_rounds_ns\n")
-    assert ["course_lib.core.bench", "course_lib.core.percentiles"] in import_cycles(
-        course_imports(planted_tree)
-    )
+    assert ["course_lib.core.bench", "course_lib.core.percentiles"] in import_cycles(course_imports(planted_tree))
 
 
 def test_import_course_lib_needs_no_pandas_or_numpy():
