@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -211,7 +212,7 @@ def main() -> None:
     if out_file is not None:
         path = write_measurement(
             out_file, SCHEMA, command="python benchmarks/batch_scoring.py" + (" --quick" if args.quick else ""),
-            load_average_1m=env.load_average_1m, runtime=runtime, processes=workers, threads_per_process=1,
+            load_average_1m=env.load_average_1m, load_average_1m_at_end=os.getloadavg()[0], runtime=runtime, processes=workers, threads_per_process=1,
             customers=customers, memory_customers=memory_customers, chunk_rows=100_000, repeats=repeats,
             candidates=candidates.reset_index().replace({np.nan: None}).to_dict(orient="records"),
             runs=runs.to_dict(orient="records"),
