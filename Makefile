@@ -51,10 +51,10 @@ help:
 	@echo "  make help          this list"
 
 # Debian packages the real-component tests use: Redis (Lesson 8), promtool (Lesson 9), Chromium (browser
-# test of the widget panels), bubblewrap (sandboxed autograding). Installs only what is missing; needs root
+# test of the widget panels), bubblewrap (sandboxed autograding), gcc (Lesson 11's compiled trees). Installs only what is missing; needs root
 # and apt-get (CI runs it); elsewhere it prints what is missing and carries on (those tests then say why
 # they cannot run).
-SYSTEM_PACKAGES := redis-server:redis-server prometheus:promtool chromium:chromium bubblewrap:bwrap
+SYSTEM_PACKAGES := redis-server:redis-server prometheus:promtool chromium:chromium bubblewrap:bwrap gcc:gcc
 system-deps:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do pkg=$${pair%%:*}; cmd=$${pair##*:}; \
 		command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \

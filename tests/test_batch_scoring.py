@@ -1,7 +1,8 @@
-"""The batch-scoring job: chunking, resume after a crash, rejects with reasons, Dask, Triton configs."""
+"""The batch-scoring job: chunking, parallel workers, resume after a SIGKILL, rejects with reasons, Dask, Triton."""
 
 from __future__ import annotations
 
+import datetime as dt
 import glob
 import json
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pandas as pd
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -20,27 +22,50 @@ from google.protobuf import text_format
 from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, ID_COLUMN, make_customers
 from course_lib.churn.export import pipeline_to_onnx
 from course_lib.core.waiting import wait_until
+from course_lib.offline.chunk import ChunkTask
 from course_lib.offline.job import (
     build_parquet_store,
     iter_store_chunks,
-    make_scorer,
-    row_problems,
+    recorded_plan,
+    same_output,
     score_store,
 )
+from course_lib.offline.scorers import ScorerSpec, scorer_spec
+from course_lib.offline.store import plan_chunks
 from course_lib.offline.triton_repository import (
     export_triton_repository,
     fil_config,
     onnx_config,
     parse_config,
 )
+from course_lib.offline.workers import run_chunks
 from course_lib.serving.feature_store import build_feature_store
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+AT = dt.datetime(2026, 11, 30, 8, 0, tzinfo=dt.UTC)
+
+
 def _parts(folder: Path, prefix: str = "part") -> pd.DataFrame:
     files = sorted(glob.glob(str(folder / f"{prefix}-*.parquet")))
     return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+
+
+def _pool_workers() -> list[psutil.Process]:
+    """Worker processes of this process's pools: children of multiprocessing's fork server."""
+    servers = [c for c in psutil.Process().children() if "forkserver" in " ".join(c.cmdline())]
+    return [w for server in servers for w in server.children()]
+
+
+def _live(processes: list[psutil.Process]) -> list[psutil.Process]:
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return [p for p in processes if running(p)]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +85,9 @@ def test_chunked_scores_equal_one_shot_scores(store, churn_model, tmp_path):
     frame = pq.read_table(store).to_pandas()
     one_shot = churn_model.pipeline.predict_proba(frame[list(FEATURE_COLUMNS)])[:, 1]
     assert list(got[ID_COLUMN]) == list(frame[ID_COLUMN])
-    assert np.abs(got["churn_probability"].to_numpy() - one_shot).max() <= 1e-6
+    assert np.array_equal(got["churn_probability"].to_numpy(), one_shot)
     assert set(got["model_version"]) == {churn_model.model_version}
+    assert set(summary.stage_s) == {"read", "check", "encode", "model", "write"}
     assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["rows_scored"] == 20_000
 
 
@@ -76,17 +102,17 @@ def test_parquet_store_matches_the_sqlite_store_population(tmp_path):
         pd.testing.assert_frame_equal(got.reset_index(drop=True).astype(as_text), expected, check_dtype=False)
 
 
-def test_onnx_and_xgboost_runtimes_agree(store, churn_model):
-    _, chunk = next(iter_store_chunks(store, 4_000))
-    X = chunk[list(FEATURE_COLUMNS)]
-    xgb = make_scorer(churn_model, "xgboost", threads=2)(X)
-    ort = make_scorer(churn_model, "onnxruntime")(X)
-    assert np.abs(xgb - ort).max() <= 1e-5
-    assert np.array_equal(xgb, churn_model.pipeline.predict_proba(X)[:, 1])
-    with pytest.raises(ValueError, match="runtime"):
-        make_scorer(churn_model, "tensorrt")
-    with pytest.raises(ValueError, match="threads"):
-        make_scorer(churn_model, "xgboost", threads=0)
+def test_the_sqlite_feature_store_scores_like_its_parquet_twin(tmp_path, churn_model):
+    parquet = build_parquet_store(3_000, 5, folder=tmp_path)
+    sqlite = build_feature_store(3_000, 5, folder=tmp_path).path
+    a = score_store(
+        parquet, tmp_path / "a", churn_model, chunk_rows=1_000, workers=2, scored_at=AT, progress=False
+    )
+    b = score_store(
+        sqlite, tmp_path / "b", churn_model, chunk_rows=1_000, workers=2, scored_at=AT, progress=False
+    )
+    assert (a.rows_scored, b.rows_scored, b.chunks) == (3_000, 3_000, 3)
+    pd.testing.assert_frame_equal(_parts(tmp_path / "a"), _parts(tmp_path / "b"))
 
 
 def test_bad_rows_are_rejected_with_their_reason_never_scored(churn_model, tmp_path):
@@ -134,6 +160,9 @@ def test_a_refused_call_leaves_the_folder_usable(store, churn_model, tmp_path):
         score_store(store.with_name("typo.parquet"), out, churn_model, progress=False)
     with pytest.raises(ValueError, match="runtime"):
         score_store(store, out, churn_model, runtime="gpu", progress=False)
+    with pytest.raises(ValueError, match="workers"):
+        score_store(store, out, churn_model, workers=0, progress=False)
+    assert not out.exists()
     assert score_store(store, out, churn_model, chunk_rows=10_000, progress=False).rows_scored == 20_000
 
 
@@ -144,33 +173,78 @@ def test_a_store_without_the_feature_columns_is_refused(tmp_path, churn_model):
         score_store(path, tmp_path / "out", churn_model, progress=False)
 
 
-def test_row_problems_names_column_value_and_range():
-    frame = make_customers(5, 2)[[ID_COLUMN, *FEATURE_COLUMNS]]
-    frame["tenure"] = frame["tenure"].astype(float)
-    frame.loc[1, "tenure"] = 2.5
-    reasons = row_problems(frame)
-    assert reasons[0] is None and "tenure=2.5" in reasons[1] and "integer" in reasons[1]
+def test_parallel_output_equals_the_single_process_output_bit_for_bit(churn_model, tmp_path):
+    source = build_parquet_store(60_000, 7, folder=tmp_path, row_group_rows=5_000)
+    runs = {w: score_store(source, tmp_path / f"w{w}", churn_model, chunk_rows=5_000, workers=w,
+                           scored_at=AT, progress=False) for w in (1, 2, 3)}  # fmt: skip
+    assert [runs[w].workers for w in (1, 2, 3)] == [1, 2, 3]
+    assert len(runs[3].peak_rss_mib_by_process) == 3, "this process and two worker processes scored chunks"
+    workers = {pid: n for pid, n in runs[3].scorers_by_process.items() if pid != "this"}
+    assert len(workers) == 2 and set(workers.values()) == {1}, "one scorer per worker, reused for every chunk"
+    assert len(list((tmp_path / "w1").glob("*.parquet"))) == 24
+    assert same_output(tmp_path / "w1", tmp_path / "w2") and same_output(tmp_path / "w1", tmp_path / "w3")
+    (tmp_path / "empty").mkdir()
+    assert not same_output(tmp_path / "w1", tmp_path / "empty")
 
 
-def test_resume_after_a_crash_gives_exactly_one_row_per_customer(tmp_path, churn_model):
-    source = build_parquet_store(30_000, 3, folder=tmp_path, row_group_rows=2_000)
+def test_a_failing_chunk_stops_the_job_and_its_workers(churn_model, tmp_path):
+    source = build_parquet_store(8_000, 1, folder=tmp_path, row_group_rows=1_000)
+    good = scorer_spec(churn_model, "xgboost")
+    broken = ScorerSpec("xgboost", "broken", b"not a booster", good.encoding)
+    tasks = [ChunkTask(plan_chunks(source, 1_000), i, str(tmp_path), broken, 0) for i in range(8)]
+    with pytest.raises(Exception) as error:  # XGBoost's own error for bytes that are no model
+        run_chunks(tasks, workers=2, on_result=lambda result: None)
+    assert "xgboost" in type(error.value).__module__.lower()
+    assert not list(tmp_path.glob("part-*.parquet")), "no chunk was written"
+    assert not _live(_pool_workers()), "the pool's worker processes are gone"
+
+
+def test_a_worker_killed_mid_job_fails_the_job_instead_of_hanging(churn_model, tmp_path):
+    from concurrent.futures.process import BrokenProcessPool
+
+    source = build_parquet_store(60_000, 2, folder=tmp_path, row_group_rows=2_000)
+    spec = scorer_spec(churn_model, "xgboost")
+    tasks = [ChunkTask(plan_chunks(source, 2_000), i, str(tmp_path), spec, 0) for i in range(30)]
+
+    def kill_a_worker(result) -> None:
+        for worker in _live(_pool_workers()):
+            worker.send_signal(signal.SIGKILL)
+
+    with pytest.raises(BrokenProcessPool):
+        run_chunks(tasks, workers=2, on_result=kill_a_worker)
+    assert len(list(tmp_path.glob("part-*.parquet"))) < 30
+
+
+def test_a_job_killed_by_sigkill_resumes_to_the_same_files(tmp_path, churn_model):
+    source = build_parquet_store(40_000, 3, folder=tmp_path, row_group_rows=2_000)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "course_lib.offline", "--source", str(source), "--out", str(out),
-           "--runtime", "xgboost", "--chunk-rows", "2000", "--no-progress"]  # fmt: skip
+           "--runtime", "xgboost", "--chunk-rows", "2000", "--workers", "2", "--no-progress"]  # fmt: skip
     job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: len(glob.glob(str(out / "part-*.parquet"))) >= 2 or job.poll() is not None,
-                   timeout_s=300, what="two finished chunks")  # fmt: skip
+        wait_until(lambda: len(glob.glob(str(out / "part-*.parquet"))) >= 3 or job.poll() is not None,
+                   timeout_s=300, what="three finished chunks")  # fmt: skip
+        family = psutil.Process(job.pid).children(recursive=True)
     finally:
         job.send_signal(signal.SIGKILL)
         job.wait(timeout=30)
+    assert job.returncode == -signal.SIGKILL, "the job was still running when it was killed"
+    wait_until(
+        lambda: not _live(family), timeout_s=30, what="the killed job's worker processes to exit with it"
+    )
     done_before = len(glob.glob(str(out / "part-*.parquet")))
-    assert not (out / "_SUCCESS").exists() or done_before == 15
+    assert 3 <= done_before < 20 and not (out / "_SUCCESS").exists()
+    recorded_at = dt.datetime.fromisoformat(recorded_plan(out)["scored_at"])
     summary = score_store(source, out, churn_model, runtime="xgboost", chunk_rows=2_000, progress=False)
+    assert summary.chunks_resumed == done_before and summary.rows_read == 40_000
+    assert summary.scored_at == recorded_at.isoformat(), "resumed parts carry the job's first start time"
     scores = _parts(out)
-    assert summary.chunks_resumed == done_before
-    assert len(scores) == 30_000 and scores[ID_COLUMN].is_unique
-    assert (out / "_SUCCESS").exists()
+    assert len(scores) == 40_000 and scores[ID_COLUMN].is_unique and (out / "_SUCCESS").exists()
+    assert not list(out.glob(".*.tmp")), "the killed run's temporary files are gone"
+    reference = tmp_path / "uninterrupted"
+    score_store(source, reference, churn_model, runtime="xgboost", chunk_rows=2_000, scored_at=recorded_at,
+                progress=False)  # fmt: skip
+    assert same_output(out, reference)
 
 
 def test_a_job_folder_refuses_other_settings(store, churn_model, tmp_path):
@@ -181,24 +255,29 @@ def test_a_job_folder_refuses_other_settings(store, churn_model, tmp_path):
         score_store(
             store, tmp_path / "out", churn_model, chunk_rows=10_000, runtime="onnxruntime", progress=False
         )
+    with pytest.raises(ValueError, match="scored_at"):
+        score_store(store, tmp_path / "out", churn_model, chunk_rows=10_000, scored_at=AT, progress=False)
 
 
-def test_dask_result_equals_the_single_process_result(churn_model, tmp_path):
+def test_dask_writes_the_single_process_files_and_resumes_its_folders(churn_model, tmp_path):
     from course_lib.offline.dask_job import local_cluster, score_on_dask
 
     source = build_parquet_store(100_000, 0, folder=tmp_path, row_group_rows=25_000)
-    single = score_store(
-        source, tmp_path / "single", churn_model, chunk_rows=50_000, threads=2, progress=False
-    )
-    onnx_bytes = pipeline_to_onnx(churn_model.pipeline).SerializeToString()
+    single = score_store(source, tmp_path / "single", churn_model, chunk_rows=25_000, workers=1, scored_at=AT,
+                         progress=False)  # fmt: skip
+    half = tmp_path / "half"  # a score_store folder with two of its four parts, finished on Dask
+    score_store(source, half, churn_model, chunk_rows=25_000, workers=1, scored_at=AT, progress=False)
+    for i in (1, 3):
+        (half / f"part-{i:05d}.parquet").unlink()
     with local_cluster(2) as client:
-        result = score_on_dask(source, tmp_path / "dask", onnx_bytes, model_version=churn_model.model_version,
-                               client=client)  # fmt: skip
+        result = score_on_dask(source, tmp_path / "dask", churn_model, client=client, scored_at=AT)
+        resumed = score_on_dask(source, half, churn_model, client=client)
     assert result.rows_scored == single.rows_scored == 100_000 and result.partitions == 4
-    assert set(result.sessions_per_worker.values()) == {1}, "one ONNX Runtime session per worker"
-    a, b = _parts(tmp_path / "dask"), _parts(tmp_path / "single")
-    assert list(a[ID_COLUMN]) == list(b[ID_COLUMN])
-    assert np.abs(a["churn_probability"].to_numpy() - b["churn_probability"].to_numpy()).max() <= 1e-6
+    assert set(result.sessions_per_worker.values()) == {1}, "one scorer per worker"
+    assert set(result.stage_s) == {"read", "check", "encode", "model", "write"}
+    assert same_output(tmp_path / "dask", tmp_path / "single")
+    assert (resumed.chunks_resumed, resumed.rows_read) == (2, 50_000)
+    assert same_output(half, tmp_path / "single")
     assert (tmp_path / "dask" / "_SUCCESS").is_file()
 
 
@@ -208,14 +287,14 @@ def test_dask_runs_twice_on_one_client_and_refuses_a_foreign_folder(churn_model,
     small = build_parquet_store(6_000, 1, folder=tmp_path, row_group_rows=2_000)
     other = build_parquet_store(4_000, 2, folder=tmp_path, row_group_rows=2_000)
     with local_cluster(1) as client:
-        first = score_on_dask(small, tmp_path / "a", churn_model.pipeline, model_version="v1", client=client,
-                              runtime="xgboost")  # fmt: skip
-        second = score_on_dask(other, tmp_path / "b", churn_model.pipeline, model_version="v1", client=client,
-                               runtime="xgboost")  # fmt: skip
+        first = score_on_dask(small, tmp_path / "a", churn_model, client=client, runtime="onnxruntime")
+        second = score_on_dask(other, tmp_path / "b", churn_model, client=client)
         with pytest.raises(ValueError, match="other settings"):
-            score_on_dask(other, tmp_path / "a", churn_model.pipeline, model_version="v2", client=client,
-                          runtime="xgboost")  # fmt: skip
+            score_on_dask(other, tmp_path / "a", churn_model, client=client)
+        with pytest.raises(ValueError, match=r"\.parquet store"):
+            score_on_dask(tmp_path / "a" / "_job.json", tmp_path / "c", churn_model, client=client)
     assert (first.rows_scored, second.rows_scored) == (6_000, 4_000)
+    assert set(first.sessions_per_worker.values()) == {1}
     expected = churn_model.pipeline.predict_proba(pq.read_table(other).to_pandas()[list(FEATURE_COLUMNS)])[
         :, 1
     ]
@@ -252,3 +331,21 @@ def test_triton_knobs_are_checked_and_unknown_fields_cannot_parse(churn_model, t
     bad.write_text('name: "x"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_ms: 3 }\n')
     with pytest.raises(text_format.ParseError):
         parse_config(bad)
+
+
+def test_the_benchmark_records_every_check_it_prints(tmp_path):
+    record = tmp_path / "batch_scoring.json"
+    cmd = [sys.executable, "benchmarks/batch_scoring.py", "--customers", "20000", "--memory-customers", "30000",
+           "--repeats", "1", "--out", str(record)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
+    for line in ("runtime candidates", "=== verdicts", "byte for byte: True", "30,000 customers"):
+        assert line in done.stdout
+    data = json.loads(record.read_text())
+    assert data["schema"] == "inference-workbook/batch-scoring/1" and data["usable_cores"] >= 1
+    assert {"measured_at", "cpu", "load_average_1m", "runtime", "processes", "floor_rows_per_s"} <= set(data)
+    assert len(data["runs"]) == 2 and all(
+        r["rows_per_s"] > 0 and r["floor_rows_per_s"] > 0 for r in data["runs"]
+    )
+    assert {c["runtime"] for c in data["candidates"]} == {"xgboost", "onnxruntime", "treelite"}
+    assert data["checks"]["parallel_equals_single_process"] and data["checks"]["resumed_equals_uninterrupted"]
+    assert data["checks"]["workers_exited_after_kill"] and data["memory_run"]["rows_read"] == 30_000

@@ -1,9 +1,21 @@
 """Layer 5, offline (batch) scoring: the resumable batch job, its scorers, Dask, a Triton model repository.
 
-The resumable batch job over a Parquet store (``python -m course_lib.offline``), its scorers, the same
-job on Dask, a Triton model repository.
+The resumable, parallel batch job over a Parquet store (``python -m course_lib.offline``), its chunk
+pipeline (store, rows, scorers, compiled trees, chunk, workers), the same job on Dask, the model-only
+floor it is measured against, and a Triton model repository.
 
 Imports only from the layers below.
 """
 
-__all__ = ["dask_job", "job", "scorers", "store", "triton_repository"]
+__all__ = [
+    "chunk",
+    "compiled",
+    "dask_job",
+    "floor",
+    "job",
+    "rows",
+    "scorers",
+    "store",
+    "triton_repository",
+    "workers",
+]

@@ -1,10 +1,13 @@
-"""The batch job on Dask: the same per-chunk scoring, spread over worker processes by a real scheduler.
+"""The batch job on Dask: the same chunks, scored by the same function, spread over workers by a real scheduler.
 
-Each Parquet row group of the offline store (a contiguous range of customer ids) is one task. A task
-reads its row group, checks and scores it with :func:`course_lib.offline.job.score_frame` (the same
-code as the single-process job) and writes ``part-NNNNN.parquet`` and ``rejects-NNNNN.parquet``, each
-renamed into place when complete. The ONNX model is scattered to every worker once, and each worker
-process builds **one** ONNX Runtime session, cached for all of its tasks (not one per chunk).
+Each chunk of the offline store (by default one Parquet row group, a contiguous range of customer ids)
+is one task, and the task is :func:`course_lib.offline.chunk.score_chunk`, the code the single-process
+job and its worker processes run: read, check, encode, score, write ``part-NNNNN.parquet`` and
+``rejects-NNNNN.parquet`` renamed into place when complete. So a folder scored on Dask holds the same
+files, bit for bit, as one scored by :func:`course_lib.offline.job.score_store` with the same chunk
+size, and either can resume the other's job. The model (a :class:`~course_lib.offline.scorers.ScorerSpec`)
+is scattered to every worker once, and each worker process builds **one** scorer, cached for all of
+its tasks.
 
 ``dask.distributed.LocalCluster`` starts a scheduler and worker processes on this machine. On a
 cluster the code is the same: start ``dask scheduler`` on one host and ``dask worker
@@ -24,27 +27,30 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 from distributed import Client, LocalCluster
 
-from course_lib.churn.data import FEATURE_COLUMNS, ID_COLUMN
-from course_lib.offline.job import RUNTIMES, _write_atomic, claim_output_dir, make_scorer, score_frame
+from course_lib.core.checks import integer, one_of
+from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, score_chunk
+from course_lib.offline.job import claim_output_dir
+from course_lib.offline.scorers import RUNTIMES, ScorerSpec, scorer_spec
+from course_lib.offline.store import ChunkPlan, plan_chunks
 
 __all__ = ["DaskJobSummary", "local_cluster", "score_on_dask"]
-
-_SESSIONS: dict[tuple[str, str], object] = {}  # per worker process: (model version, runtime) -> scorer
 
 
 @dataclass(frozen=True)
 class DaskJobSummary:
-    """What a Dask job did; ``sessions_per_worker`` maps each worker's pid to the sessions it built."""
+    """What a Dask job did; ``sessions_per_worker`` maps each worker's pid to the scorers it built.
+
+    ``seconds`` runs from submitting the first task to the last result; ``stage_s`` sums each stage
+    over the tasks (see :data:`course_lib.offline.chunk.STAGES`).
+    """
 
     rows_read: int
     rows_scored: int
@@ -54,6 +60,8 @@ class DaskJobSummary:
     seconds: float
     rows_per_s: float
     sessions_per_worker: dict[int, int]
+    chunks_resumed: int = 0
+    stage_s: dict[str, float] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -62,8 +70,7 @@ def local_cluster(n_workers: int, *, threads_per_worker: int = 1) -> Iterator[Cl
 
     No dashboard is started. Raises ``ValueError`` for ``n_workers < 1``.
     """
-    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-        raise ValueError(f"n_workers must be an integer >= 1, got {n_workers!r}")
+    n_workers = integer("n_workers", n_workers, min=1)
     cluster = LocalCluster(
         n_workers=n_workers,
         threads_per_worker=threads_per_worker,
@@ -80,100 +87,93 @@ def local_cluster(n_workers: int, *, threads_per_worker: int = 1) -> Iterator[Cl
         cluster.close()
 
 
-def _worker_scorer(model_key: str, runtime: str, model: object):
-    """One scorer per worker process and model: built on the first task, reused by the rest."""
-    scorer = _SESSIONS.get((model_key, runtime))
-    if scorer is None:
-        if runtime == "onnxruntime":  # model: serialized ONNX bytes
-            scorer = make_scorer(None, runtime, onnx_model=model)
-        else:  # model: the fitted scikit-learn pipeline
-            scorer = make_scorer(SimpleNamespace(pipeline=model), runtime)
-        _SESSIONS[(model_key, runtime)] = scorer
-    return scorer
+def _score_task(
+    plan: ChunkPlan, index: int, out_dir: str, spec: ScorerSpec, scored_at_us: int
+) -> ChunkResult:
+    return score_chunk(ChunkTask(plan, index, out_dir, spec, scored_at_us))
 
 
-def _score_partition(
-    source: str,
-    row_group: int,
-    out_dir: str,
-    model_key: str,
-    runtime: str,
-    model: object,
-    scored_at: dt.datetime,
-) -> dict[str, int]:
-    frame = (
-        pq.ParquetFile(source).read_row_group(row_group, columns=[ID_COLUMN, *FEATURE_COLUMNS]).to_pandas()
-    )
-    scorer = _worker_scorer(model_key, runtime, model)
-    scores, rejects = score_frame(frame, scorer, model_version=model_key, scored_at=scored_at)
-    out = Path(out_dir)
-    _write_atomic(rejects, out / f"rejects-{row_group:05d}.parquet")
-    _write_atomic(scores, out / f"part-{row_group:05d}.parquet")
-    return {"read": len(frame), "scored": scores.num_rows, "rejected": rejects.num_rows, "pid": os.getpid(),
-            "sessions": len(_SESSIONS)}  # fmt: skip
+def _row_group_rows(path: Path) -> int:
+    meta = pq.ParquetFile(path).metadata
+    return meta.row_group(0).num_rows if meta.num_row_groups else 1
 
 
 def score_on_dask(
     source: str | Path,
     out_dir: str | Path,
-    model: bytes | object,
+    model: object,
     *,
-    model_version: str,
     client: Client,
-    runtime: str = "onnxruntime",
+    runtime: str = "xgboost",
+    chunk_rows: int | None = None,
+    threads: int = 1,
+    scored_at: dt.datetime | None = None,
+    workers: list[str] | None = None,
 ) -> DaskJobSummary:
-    """Score every row group of a Parquet store on the workers behind ``client``.
+    """Score every chunk of a Parquet store on the workers behind ``client``.
 
     Parameters
     ----------
     source : path to a ``.parquet`` store from :func:`course_lib.offline.job.build_parquet_store`.
-    out_dir : folder for ``part-*.parquet`` / ``rejects-*.parquet`` (one pair per row group) and
-        ``_SUCCESS``; a folder holding another job is refused (``claim_output_dir``).
-    model : bytes or pipeline
-        ``runtime="onnxruntime"``: the serialized ONNX pipeline (``pipeline_to_onnx(...).SerializeToString()``);
-        ``runtime="xgboost"``: the fitted scikit-learn pipeline. Sent to each worker once.
-    model_version : str
-        Written into every output row.
+    out_dir : folder for ``part-*.parquet`` / ``rejects-*.parquet`` and ``_SUCCESS``; an existing
+        folder of the same job resumes, a folder holding another job is refused (``claim_output_dir``).
+    model : course_lib.churn.model.ChurnModel
+        Prepared for ``runtime`` here and sent to each worker once.
     client : distributed.Client
-    runtime : {"onnxruntime", "xgboost"}
+    runtime : one of :data:`course_lib.offline.scorers.RUNTIMES`
+    chunk_rows : int, optional
+        Rows per task; default the store's row group size (one row group per task).
+    threads : int
+        Scoring threads per task.
+    scored_at : datetime, optional
+        As in ``score_store``.
+    workers : list of worker addresses, optional
+        Run every task on these workers only (e.g. one worker of a two-worker cluster, to compare one
+        worker with two on the same warm processes); default any worker.
 
     Raises ``FileNotFoundError`` for a missing store and ``ValueError`` for a non-Parquet source, an
     unknown runtime or an output folder that holds another job.
     """
     path = Path(source)
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    one_of("runtime", runtime, RUNTIMES)
     if not path.is_file():
         raise FileNotFoundError(f"store not found: {path}")
     if path.suffix != ".parquet":
         raise ValueError(
             f"source must be a .parquet store (row groups are the partitions), got {path.name!r}"
         )
-    groups = pq.ParquetFile(path).num_row_groups
-    plan = {
-        "source": str(path.resolve()),
-        "row_groups": groups,
-        "model_version": model_version,
+    rows = _row_group_rows(path) if chunk_rows is None else integer("chunk_rows", chunk_rows, min=1)
+    plan = plan_chunks(path, rows)
+    spec = scorer_spec(model, runtime, threads=threads)
+    settings = {
+        "source": plan.source,
+        "chunk_rows": rows,
+        "model_version": spec.model_version,
         "runtime": runtime,
     }
-    out = claim_output_dir(out_dir, plan)
+    out, stamp = claim_output_dir(out_dir, settings, scored_at=scored_at)
+    todo = [
+        i for i in range(plan.n_chunks) if not ChunkTask(plan, i, str(out), spec, 0).part_path().is_file()
+    ]
     # hash=False: a fresh key per job, so a second job on the same client never reuses a released one.
-    shared = client.scatter(model, broadcast=True, hash=False)
-    scored_at = dt.datetime.now(dt.UTC)
+    shared = client.scatter(spec, broadcast=True, hash=False)
+    stamp_us = int(stamp.timestamp() * 1_000_000)
     start = time.perf_counter()
     futures = client.map(
-        _score_partition, [str(path)] * groups, range(groups), [str(out)] * groups,
-        [model_version] * groups, [runtime] * groups, [shared] * groups, [scored_at] * groups, pure=False,
+        _score_task, [plan] * len(todo), todo, [str(out)] * len(todo), [shared] * len(todo),
+        [stamp_us] * len(todo), pure=False, workers=workers, allow_other_workers=False,
     )  # fmt: skip
-    results = client.gather(futures)
+    results: list[ChunkResult] = client.gather(futures)
     seconds = time.perf_counter() - start
     sessions: dict[int, int] = {}
     for r in results:
-        sessions[r["pid"]] = max(sessions.get(r["pid"], 0), r["sessions"])
-    read = sum(r["read"] for r in results)
+        sessions[r.pid] = max(sessions.get(r.pid, 0), r.scorers_built)
+    read = sum(r.rows for r in results)
+    stage_s = {stage: sum(r.stage_s[stage] for r in results) for stage in STAGES}
     summary = DaskJobSummary(
-        read, sum(r["scored"] for r in results), sum(r["rejected"] for r in results), groups,
-        len(client.scheduler_info()["workers"]), seconds, read / seconds, sessions,
+        read, sum(r.scored for r in results), sum(r.rejected for r in results), plan.n_chunks,
+        len(workers) if workers else len(client.scheduler_info()["workers"]), seconds, read / seconds if seconds else float("nan"), sessions,
+        plan.n_chunks - len(todo), stage_s,
     )  # fmt: skip
     (out / "_SUCCESS").write_text(json.dumps(asdict(summary), indent=1, default=str))
     return summary

@@ -1,141 +1,199 @@
-"""The batch job's scorers: which rows may be scored, and a fast chunk scorer per runtime.
+"""The batch job's model runtimes: the same trees run three ways on the encoded float32 matrix.
 
-One concept: turning one chunk of rows into churn probabilities. :func:`row_problems` gives, per row,
-the first violation of the one feature schema (:mod:`course_lib.churn.schema`), so a bad row is
-rejected with its reason and never scored; :func:`make_scorer` builds an XGBoost or ONNX Runtime
-scorer for whole chunks; :func:`choose_runtime` times both side by side on one chunk.
+One concept: turning the model's input (``(n, 40)`` float32, from :func:`course_lib.offline.rows.encode_rows`)
+into churn probabilities, as fast as this machine allows. Each runtime gets the same trees, the
+booster's served iteration range:
+
+* ``"xgboost"``: XGBoost's own predictor, ``Booster.inplace_predict`` (no DMatrix, no copy of a
+  C-contiguous float32 array). Bit for bit the numbers of the pipeline's ``predict_proba``.
+* ``"onnxruntime"``: the booster converted by onnxmltools to an ONNX ``TreeEnsembleClassifier`` on the
+  40 encoded columns, in a pinned ONNX Runtime session (within 1e-5 of XGBoost).
+* ``"treelite"``: the trees compiled to C by treelite + tl2cgen (:mod:`course_lib.offline.compiled`),
+  where a C compiler exists (within 1e-5 of XGBoost).
+
+A :class:`ScorerSpec` carries one runtime's model as bytes (or the compiled library's path), small and
+picklable, so that each worker process builds its own scorer once (:meth:`ScorerSpec.build`).
+:func:`choose_runtime` times every available runtime model-only on one encoded chunk, side by side.
+:func:`make_scorer` is the convenience form for a DataFrame of valid rows.
 ``course_lib.offline.job`` re-exports these names.
 
 References
 ----------
-XGBoost documentation, ``Booster.inplace_predict`` (``iteration_range``); ONNX Runtime documentation,
-``SessionOptions.intra_op_num_threads``.
+XGBoost documentation, ``Booster.inplace_predict`` and model slicing (``booster[begin:end]``);
+onnxmltools ``convert_xgboost``; ONNX Runtime documentation, ``SessionOptions.intra_op_num_threads``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, ID_COLUMN
-from course_lib.churn.schema import NUMERIC_SCHEMA
+from course_lib.churn.data import FEATURE_COLUMNS, ID_COLUMN
 from course_lib.core.bench import compare_latency
+from course_lib.core.checks import integer, one_of
+from course_lib.offline.compiled import compile_trees, compiled_trees_unavailable, trees_predictor
+from course_lib.offline.rows import Encoding, check_rows, encode_rows, row_problems
 
-__all__ = ["RUNTIMES", "choose_runtime", "make_scorer", "row_problems"]
+__all__ = [
+    "RUNTIMES",
+    "ScorerSpec",
+    "choose_runtime",
+    "make_scorer",
+    "row_problems",
+    "runtime_unavailable",
+    "scorer_spec",
+]
 
-RUNTIMES = ("xgboost", "onnxruntime")
+RUNTIMES = ("xgboost", "onnxruntime", "treelite")
+_ONNX_OPSET = 15  # the highest default-domain opset onnxmltools' XGBoost converter accepts
 
 
-def _shown(value: object) -> str:
-    plain = value.item() if isinstance(value, np.generic) else value
-    return repr(plain)
+@dataclass(frozen=True)
+class ScorerSpec:
+    """One runtime's model, ready to send to a worker: ``build()`` there gives the scorer.
 
-
-def row_problems(X: pd.DataFrame) -> np.ndarray:
-    """Per row, the first schema violation as text (``None`` for a valid row), shape ``(len(X),)``.
-
-    The same ranges as :func:`course_lib.churn.schema.check_frame`, row by row instead of raising on
-    the first: a missing or repeated ``customer_id`` (within the chunk; ids are unique across a store
-    built by :func:`course_lib.offline.store.build_parquet_store`), a missing flag or category, an unknown category, a number outside its range, a
-    non-integer where an integer is required. Missing ``tenure``/charges are allowed (the model
-    handles them), as the schema says.
+    Attributes
+    ----------
+    runtime : one of :data:`RUNTIMES`
+    model_version : str
+    artifact : bytes or str
+        XGBoost: the booster as UBJSON bytes; ONNX Runtime: the ONNX model bytes; treelite: the
+        compiled library's path (on storage every worker can read).
+    encoding : Encoding
+        The model's input columns (40 for the churn model).
+    threads : int
+        XGBoost ``nthread``, ONNX Runtime ``intra_op_num_threads``, tl2cgen ``nthread``.
     """
-    reasons = np.full(len(X), None, dtype=object)
-    ids = X[ID_COLUMN]
-    reasons[ids.isna().to_numpy()] = f"{ID_COLUMN} is missing"
-    repeated = ids.duplicated(keep="first").to_numpy() & ids.notna().to_numpy()
-    reasons[repeated] = f"{ID_COLUMN} appears earlier in the same chunk"
-    for name, spec in NUMERIC_SCHEMA.items():
-        values = pd.to_numeric(X[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        not_number = X[name].notna().to_numpy() & np.isnan(values)
-        missing = X[name].isna().to_numpy()
-        bad = not_number | (
-            ~np.isnan(values) & ((values < spec.low) | (values > spec.high) | ~np.isfinite(values))
-        )
-        if spec.integer:
-            bad |= ~np.isnan(values) & np.isfinite(values) & (values != np.round(values))
-        if not spec.missing_allowed:
-            bad |= missing
-        for i in np.flatnonzero(bad & (reasons == None)):  # noqa: E711 (elementwise on an object array)
-            reasons[i] = f"{name}={_shown(X[name].iloc[i])}: must be {spec.describe()}"
-    for name, levels in CATEGORICAL_LEVELS.items():
-        bad = ~X[name].isin(levels).to_numpy()
-        for i in np.flatnonzero(bad & (reasons == None)):  # noqa: E711
-            reasons[i] = f"{name}={_shown(X[name].iloc[i])}: must be one of {list(levels)}"
-    return reasons
+
+    runtime: str
+    model_version: str
+    artifact: bytes | str = field(repr=False)
+    encoding: Encoding = field(repr=False)
+    threads: int = 1
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """What makes two specs the same scorer: model version, runtime and threads."""
+        return self.model_version, self.runtime, self.threads
+
+    def build(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The scorer: float32 ``(n, width)`` C-contiguous -> churn probabilities float64 ``(n,)``."""
+        if self.runtime == "xgboost":
+            import xgboost as xgb  # heavy: imported by the processes that score with it
+
+            booster = xgb.Booster()
+            booster.load_model(bytearray(self.artifact))
+            booster.set_param({"nthread": self.threads})
+
+            def score(X: np.ndarray) -> np.ndarray:
+                p = booster.inplace_predict(X, predict_type="value")
+                return np.asarray(p, dtype=np.float64).reshape(len(X), -1)[:, -1]
+
+            return score
+        if self.runtime == "onnxruntime":
+            from course_lib.churn.export import make_session  # heavy (onnx, onnxruntime, scikit-learn)
+
+            session = make_session(bytes(self.artifact), intra_op_num_threads=self.threads)
+            name = session.get_inputs()[0].name
+            return lambda X: np.asarray(session.run(["probabilities"], {name: X})[0][:, 1], dtype=np.float64)
+        return trees_predictor(self.artifact, threads=self.threads)
 
 
-def _served_iteration_range(clf: object) -> tuple[int, int]:
+def _served_booster(pipeline: object) -> object:
     """The trees ``predict_proba`` uses: up to the best iteration of an early-stopped model, else all."""
+    booster = pipeline[-1].get_booster()
     try:
-        return 0, int(clf.best_iteration) + 1
+        return booster[0 : int(pipeline[-1].best_iteration) + 1]
     except AttributeError:  # trained without early stopping
-        return 0, 0
+        return booster.copy()
 
 
-def _xgboost_batch_scorer(pipeline: object, threads: int):
-    """Encode with the fitted one-hot categories in NumPy, then ``inplace_predict`` on the booster.
+def runtime_unavailable(runtime: str) -> str | None:
+    """Why ``runtime`` cannot run on this machine (only compiled trees can be missing), or None."""
+    one_of("runtime", runtime, RUNTIMES)
+    return compiled_trees_unavailable() if runtime == "treelite" else None
 
-    The same numbers as ``pipeline.predict_proba`` (a test checks it), several times faster on large
-    chunks: scikit-learn's ``OneHotEncoder.transform`` maps strings to codes one value at a time in
-    Python, ``pandas.Categorical`` does it in C. Only rows that passed :func:`row_problems` reach it.
+
+def scorer_spec(model: object, runtime: str, *, threads: int = 1) -> ScorerSpec:
+    """Prepare ``runtime``'s form of ``model`` (a :class:`course_lib.churn.model.ChurnModel`).
+
+    Converting to ONNX takes about a second; compiling the trees takes seconds the first time for a
+    model (the library is cached). Raises ``ValueError`` for an unknown runtime or ``threads < 1``, and
+    ``RuntimeError`` if compiled trees are asked for where they are unavailable.
     """
-    pre, clf = pipeline.named_steps["preprocess"], pipeline[-1]
-    (_, encoder, cat_cols), (_, _, num_cols) = pre.transformers_[0], pre.transformers_[1]
-    categories = [list(c) for c in encoder.categories_]
-    width = sum(len(c) for c in categories) + len(num_cols)
-    booster, iterations = clf.get_booster().copy(), _served_iteration_range(clf)
-    booster.set_param({"nthread": threads})  # a copy: the served model keeps its own thread setting
+    one_of("runtime", runtime, RUNTIMES)
+    threads = integer("threads", threads, min=1)
+    encoding = Encoding.from_pipeline(model.pipeline)
+    booster = _served_booster(model.pipeline)
+    raw = bytes(booster.save_raw("ubj"))
+    if runtime == "xgboost":
+        artifact: bytes | str = raw
+    elif runtime == "onnxruntime":
+        from onnxmltools import convert_xgboost  # heavy converter, needed only for this runtime
+        from onnxmltools.convert.common.data_types import FloatTensorType
 
-    def score(X: pd.DataFrame) -> np.ndarray:
-        encoded = np.zeros((len(X), width), dtype=np.float32)
-        col = 0
-        for name, levels in zip(cat_cols, categories, strict=True):
-            codes = pd.Categorical(X[name], categories=levels).codes
-            if (codes < 0).any():
-                raise ValueError(
-                    f"column {name!r} holds a level outside {levels}; check rows with row_problems"
-                )
-            encoded[np.arange(len(X)), col + codes] = 1.0
-            col += len(levels)
-        encoded[:, col:] = X[list(num_cols)].to_numpy(dtype=np.float32, na_value=np.nan)
-        margin = booster.inplace_predict(encoded, iteration_range=iterations, predict_type="value")
-        return np.asarray(margin, dtype=np.float64).reshape(len(X), -1)[:, -1]
-
-    return score
+        onnx_model = convert_xgboost(
+            booster,
+            initial_types=[("features", FloatTensorType([None, encoding.width]))],
+            target_opset=_ONNX_OPSET,
+        )
+        artifact = onnx_model.SerializeToString()
+    else:
+        artifact = str(compile_trees(raw, model.model_version)[0])
+    return ScorerSpec(runtime, model.model_version, artifact, encoding, threads)
 
 
-def make_scorer(model: object, runtime: str, *, onnx_model: object | None = None, threads: int = 1):
+def _encoded(sample: pd.DataFrame | pa.Table, encoding: Encoding) -> np.ndarray:
+    table = sample if isinstance(sample, pa.Table) else pa.Table.from_pandas(sample, preserve_index=False)
+    if ID_COLUMN not in table.column_names:
+        table = table.append_column(ID_COLUMN, pa.array([f"row-{i:09d}" for i in range(table.num_rows)]))
+    checked = check_rows(table)
+    if len(checked.bad_rows):
+        raise ValueError(
+            f"row {int(checked.bad_rows[0])} is outside the feature schema ({checked.reasons[0]}); "
+            "check rows with row_problems first"
+        )
+    return encode_rows(checked, encoding)
+
+
+def make_scorer(model: object, runtime: str, *, threads: int = 1) -> Callable[[pd.DataFrame], np.ndarray]:
     """A function ``DataFrame of the 19 features -> churn probabilities (float64, shape (n,))``.
 
-    ``runtime="xgboost"``: the fitted pipeline's encoding and booster (:func:`_xgboost_batch_scorer`);
-    ``"onnxruntime"``: a pinned one-thread session of ``onnx_model`` (exported from the pipeline if not
-    given). ``threads``: XGBoost ``nthread`` or ONNX Runtime ``intra_op_num_threads`` (a batch job that
-    owns the machine may use every core; the online service stays at 1). Raises ``ValueError`` for
-    another runtime or ``threads < 1``.
+    Checks and encodes the rows as the batch job does, then scores them with ``runtime``. Raises
+    ``ValueError`` for an unknown runtime, ``threads < 1``, or (when called) a row outside the schema.
     """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-    if runtime == "xgboost":
-        return _xgboost_batch_scorer(model.pipeline, threads)
-    if runtime == "onnxruntime":
-        from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-
-        onnx_model = onnx_model if onnx_model is not None else pipeline_to_onnx(model.pipeline)
-        scorer = OnnxChurnScorer(make_session(onnx_model, intra_op_num_threads=threads))
-        return lambda X: np.asarray(scorer.predict_proba(X), dtype=np.float64)
-    raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    spec = scorer_spec(model, runtime, threads=threads)
+    score = spec.build()
+    return lambda X: score(_encoded(X[list(FEATURE_COLUMNS)], spec.encoding))
 
 
 def choose_runtime(
-    model: object, sample: pd.DataFrame, *, rounds: int = 3, threads: int = 1
+    model: object, sample: pd.DataFrame | pa.Table, *, rounds: int = 3, threads: int = 1
 ) -> tuple[str, pd.DataFrame]:
-    """Time both runtimes on ``sample`` (one chunk) side by side; return the faster and the table.
+    """Time every available runtime model-only on ``sample`` (one chunk, encoded once), side by side.
 
-    Uses :func:`course_lib.core.bench.compare_latency` (interleaved rounds, one warm-up call each).
+    Returns
+    -------
+    (fastest, table)
+        ``table`` is indexed by runtime: ``median_us`` per call on the whole sample, ``us_per_item``,
+        ``rows_per_s`` (= 1e6 / ``us_per_item``), ``speedup`` over XGBoost, ``max_abs_diff`` from
+        XGBoost's probabilities and ``note`` (why a runtime is missing, e.g. no C compiler: its
+        timings are NaN). Uses :func:`course_lib.core.bench.compare_latency` (interleaved rounds, one
+        warm-up call each).
     """
-    X = sample[list(FEATURE_COLUMNS)]
-    scorers = {r: make_scorer(model, r, threads=threads) for r in RUNTIMES}
+    integer("rounds", rounds, min=1)
+    specs, notes = {}, {}
+    for runtime in RUNTIMES:
+        notes[runtime] = runtime_unavailable(runtime) or ""
+        if not notes[runtime]:
+            specs[runtime] = scorer_spec(model, runtime, threads=threads)
+    X = _encoded(sample, specs["xgboost"].encoding)
+    scorers = {r: s.build() for r, s in specs.items()}
+    reference = scorers["xgboost"](X)
     table = compare_latency(
         {r: (lambda f=f: f(X)) for r, f in scorers.items()},
         n_calls=1,
@@ -143,4 +201,11 @@ def choose_runtime(
         warmup_calls=1,
         items_per_call=len(X),
     )
+    table = table.reindex(list(RUNTIMES))
+    table.index.name = "runtime"
+    table["rows_per_s"] = 1e6 / table["us_per_item"]
+    table["max_abs_diff"] = [
+        float(np.abs(scorers[r](X) - reference).max()) if r in scorers else np.nan for r in RUNTIMES
+    ]
+    table["note"] = [notes[r] for r in RUNTIMES]
     return str(table["median_us"].idxmin()), table

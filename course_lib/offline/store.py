@@ -1,10 +1,14 @@
 """The offline store a batch job reads: customers and their 19 features in a Parquet file, in chunks.
 
 One concept: where the batch job's rows come from. :func:`build_parquet_store` writes a synthetic
-population to one Parquet file with row groups (a reader, or one Dask task, takes one range without
-reading the rest); :func:`iter_store_chunks` reads that file, or the Lesson 2 SQLite feature store (by
-``rowid`` range; much slower, since every value crosses into Python), ``chunk_rows`` at a time, so memory
-is bounded by the chunk. ``course_lib.offline.job`` re-exports these names.
+population to one Parquet file with row groups (a reader, or one worker, takes one range without
+reading the rest). :func:`plan_chunks` cuts a store into chunks of ``chunk_rows`` consecutive rows and
+:func:`read_chunk` reads one of them as an Arrow table, the categorical columns as Arrow dictionaries
+(so that mapping them to model codes costs one lookup per distinct value, not per row); any process can
+read any chunk, so chunks can be scored in parallel and memory is bounded by the chunk.
+:func:`iter_store_chunks` yields the chunks as pandas frames, for looking at them. The Lesson 2 SQLite
+feature store is read by ``rowid`` range (much slower, since every value crosses into Python).
+``course_lib.offline.job`` re-exports these names.
 
 References
 ----------
@@ -14,9 +18,11 @@ Apache Parquet format (row groups); pyarrow documentation, ``ParquetWriter`` and
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -24,9 +30,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from course_lib.churn.data import CATEGORICAL_LEVELS, DATA_DIR, FEATURE_COLUMNS, ID_COLUMN, make_customers
+from course_lib.core.checks import integer
 from course_lib.serving.feature_store import TABLE
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "build_parquet_store", "check_store", "iter_store_chunks"]
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "ChunkPlan",
+    "build_parquet_store",
+    "check_store",
+    "iter_store_chunks",
+    "plan_chunks",
+    "read_chunk",
+]
 
 DEFAULT_CHUNK_ROWS = 100_000
 
@@ -54,8 +69,7 @@ def build_parquet_store(
         ("generate_rows", generate_rows),
         ("row_group_rows", row_group_rows),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        integer(name, value, min=1)
     base = Path(folder) if folder is not None else DATA_DIR.parent / "build" / "offline_store"
     path = base / f"customers_n{n_customers}_seed{seed}_rg{row_group_rows}.parquet"
     if path.is_file():
@@ -63,13 +77,13 @@ def build_parquet_store(
     base.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     width = max(7, len(str(n_customers)))
-    schema = None
-    with pq.ParquetWriter(tmp, _store_schema()) as writer:
+    # every column dictionary-encoded except the unique ids, for which a dictionary only costs time
+    with pq.ParquetWriter(tmp, _store_schema(), use_dictionary=list(FEATURE_COLUMNS)) as writer:
         for k, start in enumerate(range(0, n_customers, generate_rows)):
             rows = min(generate_rows, n_customers - start)
             block = make_customers(rows, seed + k)[[ID_COLUMN, *FEATURE_COLUMNS]]
             block[ID_COLUMN] = [f"SC-{i:0{width}d}" for i in range(start + 1, start + rows + 1)]
-            table = pa.Table.from_pandas(block, schema=schema or _store_schema(), preserve_index=False)
+            table = pa.Table.from_pandas(block, schema=_store_schema(), preserve_index=False)
             writer.write_table(table, row_group_size=row_group_rows)
     os.replace(tmp, path)
     return path
@@ -120,8 +134,7 @@ def check_store(source: str | Path, chunk_rows: int) -> None:
     other than ``.parquet``/``.sqlite`` or a store that lacks ``customer_id`` or one of the features.
     """
     path = Path(source)
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+    chunk_rows = integer("chunk_rows", chunk_rows, min=1)
     if not path.is_file():
         raise FileNotFoundError(f"store not found: {path}")
     if path.suffix == ".parquet":
@@ -137,3 +150,88 @@ def check_store(source: str | Path, chunk_rows: int) -> None:
     missing = [c for c in (ID_COLUMN, *FEATURE_COLUMNS) if c not in names]
     if missing:
         raise ValueError(f"store {path.name} lacks the columns {missing}")
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """A store cut into chunks of ``chunk_rows`` consecutive rows; chunk ``i`` is rows ``bounds(i)``.
+
+    Attributes
+    ----------
+    source : str
+        Absolute path of the ``.parquet`` or ``.sqlite`` store.
+    rows : int
+        Rows in a Parquet store; for SQLite the largest ``rowid`` (chunks are ``rowid`` ranges).
+    chunk_rows : int
+    """
+
+    source: str
+    rows: int
+    chunk_rows: int
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.rows // self.chunk_rows)
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        """``(start, stop)``: rows ``start <= r < stop`` (0-based; SQLite ``rowid`` = r + 1)."""
+        if not 0 <= i < self.n_chunks:
+            raise IndexError(f"chunk {i} outside 0..{self.n_chunks - 1}")
+        return i * self.chunk_rows, min((i + 1) * self.chunk_rows, self.rows)
+
+
+def plan_chunks(source: str | Path, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkPlan:
+    """Cut ``source`` into chunks (see :class:`ChunkPlan`); the same errors as :func:`check_store`."""
+    path = Path(source).resolve()
+    check_store(path, chunk_rows)
+    if path.suffix == ".parquet":
+        rows = _parquet_file(str(path), *_identity(path)).metadata.num_rows
+    else:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = con.execute(f"SELECT MAX(rowid) FROM {TABLE}").fetchone()[0] or 0
+        finally:
+            con.close()
+    return ChunkPlan(str(path), int(rows), chunk_rows)
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=4)
+def _parquet_file(path: str, _mtime_ns: int, _size: int) -> pq.ParquetFile:
+    """One open reader per store file and version, kept by each process (a worker reads many chunks)."""
+    names = pq.read_schema(path)
+    text = [f.name for f in names if f.name in CATEGORICAL_LEVELS and pa.types.is_string(f.type)]
+    return pq.ParquetFile(path, read_dictionary=text)
+
+
+def read_chunk(plan: ChunkPlan, i: int) -> pa.Table:
+    """Chunk ``i`` of ``plan`` as an Arrow table: ``customer_id`` and the 19 features.
+
+    Categorical string columns of a Parquet store come back as dictionary arrays (read straight from
+    Parquet's own dictionary encoding, one thread). Only the row groups the chunk overlaps are read.
+    """
+    start, stop = plan.bounds(i)
+    columns = [ID_COLUMN, *FEATURE_COLUMNS]
+    path = Path(plan.source)
+    if path.suffix == ".sqlite":
+        sql = f"SELECT {', '.join(columns)} FROM {TABLE} WHERE rowid > ? AND rowid <= ? ORDER BY rowid"
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            frame = pd.DataFrame(con.execute(sql, (start, stop)).fetchall(), columns=columns)
+        finally:
+            con.close()
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    reader = _parquet_file(str(path), *_identity(path))
+    meta, groups, first, offset = reader.metadata, [], None, 0
+    for g in range(meta.num_row_groups):
+        size = meta.row_group(g).num_rows
+        if offset < stop and offset + size > start:
+            groups.append(g)
+            first = offset if first is None else first
+        offset += size
+    table = reader.read_row_groups(groups, columns=columns, use_threads=False)
+    return table.slice(start - (first or 0), stop - start)

@@ -43,6 +43,8 @@ import onnx
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from course_lib.core.checks import integer, integers
+
 __all__ = ["export_triton_repository", "fil_config", "onnx_config", "parse_config"]
 
 _ONNX_TO_TRITON = {
@@ -54,19 +56,10 @@ _ONNX_TO_TRITON = {
 
 
 def _check_batching(max_batch_size: int, preferred: Sequence[int], delay_us: int, instances: int) -> None:
-    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
-    bad = [
-        p for p in preferred if isinstance(p, bool) or not (isinstance(p, int) and 1 <= p <= max_batch_size)
-    ]
-    if bad:
-        raise ValueError(
-            f"preferred_batch_sizes must be integers in [1, max_batch_size={max_batch_size}], got {bad}"
-        )
-    if isinstance(delay_us, bool) or not isinstance(delay_us, int) or delay_us < 0:
-        raise ValueError(f"max_queue_delay_us must be an integer >= 0 microseconds, got {delay_us!r}")
-    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
-        raise ValueError(f"instance_count must be an integer >= 1, got {instances!r}")
+    max_batch_size = integer("max_batch_size", max_batch_size, min=1)
+    integers("preferred_batch_sizes", preferred, min=1, max=max_batch_size, allow_empty=True)
+    integer("max_queue_delay_us", delay_us, min=0)
+    integer("instance_count", instances, min=1)
 
 
 def _batching(
@@ -133,8 +126,7 @@ def fil_config(
     class probabilities (``output_class: true`` with ``predict_proba: true``).
     """
     _check_batching(max_batch_size, preferred_batch_sizes, max_queue_delay_us, instance_count)
-    if not isinstance(n_features, int) or n_features < 1:
-        raise ValueError(f"n_features must be an integer >= 1, got {n_features!r}")
+    integer("n_features", n_features, min=1)
     config = mc.ModelConfig(name=name, backend="fil", max_batch_size=max_batch_size)
     config.input.add(name="input__0", data_type=mc.TYPE_FP32, dims=[n_features])
     config.output.add(name="output__0", data_type=mc.TYPE_FP32, dims=[2])

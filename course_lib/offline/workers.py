@@ -1,0 +1,189 @@
+"""Score a job's chunks on every usable core: this process plus ``workers - 1`` worker processes.
+
+One concept: spreading chunks over processes. Python runs one thread of Python code at a time, so a
+second core needs a second process. :func:`run_chunks` keeps a queue of chunk tasks; this process
+takes the next one whenever it is free, and so does each worker process (a new chunk is handed to a
+worker the moment it finishes one), so no core waits while chunks remain, and the job starts scoring
+at once instead of waiting for the workers to start (importing NumPy, pyarrow and XGBoost takes a
+worker about a second). Every process reads its own chunks from the store and writes its own parts
+(:func:`course_lib.offline.chunk.score_chunk`); only the task and a small result cross between them.
+
+Each worker process builds its scorer once and reuses it for all its chunks. Workers are forked from
+multiprocessing's *fork server*, a clean single-threaded process that imports this package, pyarrow
+and XGBoost once (:func:`warm_up_workers` starts it ahead of time; the first pool of a process waits for
+it otherwise), so a worker starts in milliseconds and safely whatever threads this process runs; where
+there is no fork server (Windows) workers are spawned. A worker ignores Ctrl-C (this process stops the
+pool) and exits within a fraction of a second when this process dies, even by SIGKILL.
+
+References
+----------
+Python documentation, ``concurrent.futures.ProcessPoolExecutor`` (``mp_context``, ``initializer``,
+``Future.add_done_callback``) and ``multiprocessing`` "Contexts and start methods".
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+
+from course_lib.core.checks import integer
+from course_lib.offline.chunk import ChunkResult, ChunkTask, score_chunk
+
+__all__ = ["PARENT_CHECK_S", "run_chunks", "warm_up_workers", "worker_pool"]
+
+#: How often a worker process checks that the job's process is still alive, seconds.
+PARENT_CHECK_S = 0.1
+#: What the fork server imports once for every worker it forks.
+_PRELOAD = ["course_lib.offline.chunk", "xgboost"]
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def warm_up_workers() -> None:
+    """Start the fork server now, so that the job's worker processes start in milliseconds later.
+
+    It imports NumPy, pyarrow and XGBoost (about a second) while this process does other work, and
+    stays until this process exits. Does nothing where workers are spawned.
+    """
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver  # the module exists only where the method does
+
+        forkserver.ensure_running()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a pid reused by another user's process
+        return False
+    return True
+
+
+def _exit_with_job(job_pid: int) -> None:
+    """Worker initializer: ignore Ctrl-C, and exit as soon as the job's process ``job_pid`` is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()  # the fork server (or the job itself when spawned)
+
+    def watch() -> None:
+        # an orphan is re-parented (its parent pid changes); the job's own pid vanishes once reaped
+        while os.getppid() == parent and _alive(job_pid):
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="job-watch", daemon=True).start()
+
+
+def worker_pool(processes: int) -> ProcessPoolExecutor:
+    """A pool of ``processes`` worker processes started as described above (close it with ``shutdown``)."""
+    processes = integer("processes", processes, min=1)
+    return ProcessPoolExecutor(
+        processes, mp_context=_context(), initializer=_exit_with_job, initargs=(os.getpid(),)
+    )
+
+
+def run_chunks(
+    tasks: Sequence[ChunkTask], *, workers: int, on_result: Callable[[ChunkResult], None]
+) -> dict[str, float]:
+    """Score every task, ``workers`` at a time (this process included); call ``on_result`` for each.
+
+    Parameters
+    ----------
+    tasks : sequence of ChunkTask
+        Chunks still to do, in the order to start them.
+    workers : int >= 1
+        Processes scoring at once: 1 scores everything in this process; ``k`` adds ``k - 1`` worker
+        processes (never more than there are tasks to share).
+    on_result : callable
+        Called in this thread, once per finished chunk, in completion order.
+
+    Returns
+    -------
+    dict
+        ``worker_processes`` started, and ``first_worker_result_s``: seconds from the start until a
+        worker process delivered its first chunk (NaN without workers), its start-up cost.
+
+    Raises
+    ------
+    Exception
+        The first error a chunk raised (in any process); no new chunk starts after it. A worker
+        process that dies raises ``BrokenProcessPool``. Finished parts stay: the job resumes.
+    """
+    workers = integer("workers", workers, min=1)
+    todo = collections.deque(tasks)
+    extra = min(workers - 1, max(len(todo) - 1, 0))
+    start = time.perf_counter()
+    if extra == 0:
+        while todo:
+            on_result(score_chunk(todo.popleft()))
+        return {"worker_processes": 0, "first_worker_result_s": float("nan")}
+    lock, done = threading.Lock(), queue.SimpleQueue()
+    state = {"outstanding": 0, "stop": False, "first": float("nan")}
+    pool = worker_pool(extra)
+
+    def take(*, for_pool: bool) -> ChunkTask | None:
+        with lock:
+            if not todo or state["stop"]:
+                return None
+            state["outstanding"] += for_pool  # counted before it is submitted, so collect() waits for it
+            return todo.popleft()
+
+    def feed() -> None:  # runs here at the start, then in the pool's thread as each worker finishes
+        task = take(for_pool=True)
+        if task is None:
+            return
+        try:
+            future = pool.submit(score_chunk, task)
+        except RuntimeError as error:  # a broken pool, or one shutting down after an error
+            future = Future()
+            future.set_exception(error)  # counted as outstanding: collect() raises it
+        future.add_done_callback(finished)
+
+    def finished(future: Future) -> None:
+        done.put(future)
+        if not future.cancelled() and future.exception() is None:
+            feed()
+
+    def collect(block: bool) -> None:
+        while state["outstanding"]:
+            try:
+                future = done.get(block=block)
+            except queue.Empty:
+                return
+            with lock:
+                state["outstanding"] -= 1
+            if future.exception() is not None:
+                raise future.exception()
+            if math.isnan(state["first"]):
+                state["first"] = time.perf_counter() - start
+            on_result(future.result())
+
+    try:
+        for _ in range(extra):
+            feed()
+        while (task := take(for_pool=False)) is not None:
+            on_result(score_chunk(task))
+            collect(block=False)
+        collect(block=True)
+    except BaseException:
+        with lock:
+            state["stop"] = True
+        pool.shutdown(wait=True, cancel_futures=True)  # chunks in flight finish; their parts stay valid
+        raise
+    pool.shutdown(wait=True)
+    return {"worker_processes": extra, "first_worker_result_s": state["first"]}
