@@ -298,8 +298,9 @@ class ChurnService:
         except ValueError as exc:  # FeatureError, or a record with missing/extra fields
             raise RequestError(422, "invalid_features", str(exc)) from None
 
-    def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
-        """Stage 5: the JSON answer ``{"customer_id", "churn_probability", "model_version", ...}``.
+    def answer(self, request: ScoreRequest, churn_probability: float) -> dict[str, object]:
+        """The answer's fields: ``customer_id``, ``churn_probability`` (rounded to 6 decimals),
+        ``model_version``, ``runtime`` and ``lookup``, before any encoding.
 
         Raises
         ------
@@ -309,15 +310,24 @@ class ChurnService:
         p = float(churn_probability)
         if not (math.isfinite(p) and 0.0 <= p <= 1.0):
             raise RequestError(500, "model_error", f"model returned churn probability {p!r}, outside [0, 1]")
-        return json.dumps(
-            {
-                "customer_id": request.customer_id,
-                "churn_probability": round(p, 6),
-                "model_version": self.model_version,
-                "runtime": self.runtime,
-                "lookup": self.lookup_mode,
-            }
-        ).encode()
+        return {
+            "customer_id": request.customer_id,
+            "churn_probability": round(p, 6),
+            "model_version": self.model_version,
+            "runtime": self.runtime,
+            "lookup": self.lookup_mode,
+        }
+
+    def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
+        """Stage 5: the JSON answer ``{"customer_id", "churn_probability", "model_version", ...}``
+        (``answer`` encoded once with the standard ``json`` module).
+
+        Raises
+        ------
+        RequestError
+            500 if the model returned a probability outside [0, 1] or NaN (never sent on silently).
+        """
+        return json.dumps(self.answer(request, churn_probability)).encode()
 
     # -- whole requests -----------------------------------------------------------------------
     def handle(self, body: bytes, *, request_id: str = "") -> ServiceResponse:
