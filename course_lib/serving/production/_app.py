@@ -163,12 +163,14 @@ def create_production_app(
         return await asyncio.get_running_loop().run_in_executor(executor, service.forward, records)
 
     async def batched(records: list[dict[str, object]]) -> list[Any]:
+        await batcher.start()  # idempotent; a server run without lifespan events starts it here
         return [(await batcher.submit(records[0])).value]
 
     async def through_batcher(body: bytes) -> tuple[ServiceResponse, dict[str, str]]:
         served: list[Any] = []
 
         async def forward(records: list[dict[str, object]]) -> list[Any]:
+            await batcher.start()
             result = await batcher.submit(records[0])
             served.append(result)
             return [result.value]

@@ -40,6 +40,23 @@ class ProductionService(ChurnService):
         super().__init__(*args, **kwargs)
         self.encoder = one_of("encoder", encoder, ENCODERS)
 
+    def score_customer(self, customer_id: str) -> dict[str, object]:
+        """The answer's fields for one customer id, for a server that parses the request itself.
+
+        The same work as ``/score`` after parsing: the request schema, the cached lookup, the feature
+        check and the model call (``benchmarks/serving_peers.py`` puts it behind BentoML and LitServe).
+
+        Raises
+        ------
+        course_lib.serving.service.RequestError
+            422 for an id that is not ``SC-`` and 7 to 9 digits or features outside the schema, 404 for
+            an unknown customer.
+        """
+        request = self.validate({"customer_id": customer_id})
+        record = self.lookup(request)
+        self.check_features(record)
+        return self.answer(request, self.forward([record])[0])
+
     def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
         answer = self.answer(request, churn_probability)
         return orjson.dumps(answer) if self.encoder == "orjson" else json.dumps(answer).encode()

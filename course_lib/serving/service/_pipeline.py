@@ -252,6 +252,16 @@ class ChurnService:
             payload = decode_json(body, max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_NUMBER_DIGITS)
         except JSONRefusedError as exc:
             raise RequestError(400, "bad_json", str(exc)) from None
+        return self.validate(payload)
+
+    def validate(self, payload: object) -> ScoreRequest:
+        """The second half of stage 2: a decoded body checked against ``ScoreRequest``.
+
+        Raises
+        ------
+        RequestError
+            422 for anything but ``{"customer_id": "SC-<7 to 9 digits>"}``.
+        """
         if not isinstance(payload, dict):
             raise RequestError(
                 422,
