@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             k6=k6_version() if args.k6 else None,
             quick=bool(args.quick),
             tools=run.tools.to_dict(orient="records"),
+            stages_ms=run.stages_ms,
             server_stats={
                 k: {f: v.get(f) for f in ("forward", "forward_cost_ms", "workers", "config")}
                 for k, v in run.server_stats.items()

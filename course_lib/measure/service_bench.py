@@ -17,6 +17,7 @@ W3C, "Server Timing". Gil Tene, "How NOT to measure latency". k6 documentation, 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ from course_lib.measure.waterfall import (
     knees,
     lever_table,
     rung_duration_s,
+    start_rungs,
 )
 from course_lib.serving.feature_store import FeatureStore
 from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
@@ -116,27 +118,31 @@ WATERFALL: tuple[WaterfallStep, ...] = (
 
 
 def in_process_ceiling(
-    url: str, payloads: Sequence[Any], *, workers: int, n_requests: int = 200
-) -> dict[str, float]:
+    url: str, payloads: Sequence[Any], *, workers: int, n_requests: int = 150
+) -> dict[str, Any]:
     """Median server work per request from ``Server-Timing`` (one request at a time) and the rate it allows.
 
     Returns
     -------
-    dict with ``handle_ms`` (median of the stages' sum; 0 where the answer has no ``Server-Timing``)
-    and ``ceiling_rps`` = 1000 / handle_ms x ``workers`` (NaN for no work).
+    dict with ``handle_ms`` (median of the stages' sum; 0 where the answer has no ``Server-Timing``),
+    ``ceiling_rps`` = 1000 / handle_ms x ``workers`` (NaN for no work) and ``stages_ms`` (each stage's
+    median). The first ``n_requests`` payloads are sent twice and only the second pass is kept: the
+    first fills the feature cache, as the traffic of a load test does long before its knee.
     """
     n = integer("n_requests", n_requests, min=1)
-    totals = []
+    profiles = []
     with httpx.Client(timeout=10.0) as client:
-        for i in range(n):
-            response = client.post(url, json=payloads[i % len(payloads)])
+        for i in range(2 * n):
+            response = client.post(url, json=payloads[i % min(n, len(payloads))])
             response.raise_for_status()
             header = response.headers.get("server-timing")
-            totals.append(sum(parse_server_timing(header).values()) if header else 0.0)
-    handle_ms = float(np.median(totals[n // 5 :]))
+            profiles.append(parse_server_timing(header) if header else {})
+    kept = pd.DataFrame(profiles[n:]).fillna(0.0)
+    handle_ms = float(np.median(kept.sum(axis=1))) if len(kept.columns) else 0.0
     return {
         "handle_ms": handle_ms,
         "ceiling_rps": 1000.0 * workers / handle_ms if handle_ms > 0 else math.nan,
+        "stages_ms": {name: float(kept[name].median()) for name in kept.columns},
     }
 
 
@@ -144,7 +150,9 @@ def in_process_ceiling(
 class WaterfallRun:
     """Everything one :func:`run_waterfall` measured: ``table`` (:func:`lever_table` + ceilings),
     ``runs`` (every rung), ``knees`` (per repeat and step), ``generator_limit_rps``, ``tools`` (k6 beside
-    the course generator, empty if not run), ``server_stats`` (``/stats`` of the production servers)."""
+    the course generator, empty if not run), ``server_stats`` (``/stats`` of the production servers),
+    ``stages_ms`` (step -> each stage's median, from ``Server-Timing``) and ``same_rate`` (every step at
+    one offered rate, if asked: ``sent``, ``p50_ms``, ``p99_ms``, ``error_rate``)."""
 
     table: pd.DataFrame
     runs: pd.DataFrame
@@ -153,6 +161,8 @@ class WaterfallRun:
     settings: dict[str, Any]
     tools: pd.DataFrame = field(default_factory=pd.DataFrame)
     server_stats: dict[str, Any] = field(default_factory=dict)
+    stages_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    same_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def tool_comparison(
@@ -165,6 +175,7 @@ def tool_comparison(
     min_requests: int = MIN_REQUESTS_P99,
     settle: Callable[[], object] | None = None,
     max_vus: int = 400,
+    pre_allocated_vus: int = 200,
 ) -> pd.DataFrame:
     """The course generator and k6 taking turns at each rate on ``url``, until both missed the SLO.
 
@@ -185,7 +196,14 @@ def tool_comparison(
             if settle is not None:
                 settle()
             if tool == "k6":
-                r = run_k6(url, rate_rps=rate, duration_s=duration, ids=ids, max_vus=max_vus)
+                r = run_k6(
+                    url,
+                    rate_rps=rate,
+                    duration_s=duration,
+                    ids=ids,
+                    pre_allocated_vus=pre_allocated_vus,
+                    max_vus=max_vus,
+                )
                 row = {"sent": r.requests, "achieved_rps": r.achieved_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
                        "errors": r.failed_rate, "dropped": r.dropped_iterations, "lag_p99_ms": math.nan,
                        "met": r.met_slo(p99_limit_ms)}  # fmt: skip
@@ -207,11 +225,7 @@ def tool_comparison(
 
 def _start_rungs(prescan: pd.DataFrame, ladder: Sequence[float], back: int) -> dict[str, float]:
     found = knees(prescan)
-    starts = {}
-    for _, row in found.iterrows():
-        below = [r for r in ladder if r <= max(row["knee_rps"], ladder[0])]
-        starts[row["step"]] = ladder[max(0, len(below) - 1 - back)]
-    return starts
+    return start_rungs(dict(zip(found["step"], found["knee_rps"], strict=True)), ladder, back=back)
 
 
 def run_waterfall(
@@ -226,6 +240,8 @@ def run_waterfall(
     start_back: int = 3,
     n_generators: int = 2,
     k6_step: str | None = None,
+    same_rate_rps: float | None = None,
+    generator_rates_rps: Sequence[float] = (500, 1000, 2000, 4000, 6000, 8000),
     servers: Mapping[str, ProductionConfig | None] = SERVERS,
     lifetime_s: float = 3600.0,
     on_row: Callable[[dict[str, Any]], None] | None = None,
@@ -245,6 +261,9 @@ def run_waterfall(
     start_rps : step -> first rung; default from a short pre-scan (a coarse climb of 200-request rungs),
         ``start_back`` rungs below the knee it found.
     k6_step : a step to also measure with k6 beside the course generator (:func:`tool_comparison`).
+    same_rate_rps : after the climbs, run every step once at this offered rate (``min_requests``
+        requests) for a like-for-like p99.
+    generator_rates_rps : the rates of the generator's own limit (``generator_limit`` on a null server).
     lifetime_s : every server exits by itself after this long.
     """
     n_repeats = integer("repeats", repeats, min=1)
@@ -258,9 +277,7 @@ def run_waterfall(
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(GeneratorPool(n_generators))
         with serve_null(lifetime_s=120) as null_url:
-            gen_limit, _ = generator_limit(
-                pool, null_url, [500, 1000, 2000, 4000, 6000, 8000], duration_s=1.0
-            )
+            gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
         commands = {k: production_command(servers[k], server_cfg) for k in needed if servers[k] is not None}
         urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
         if "prototype" in needed:
@@ -313,11 +330,20 @@ def run_waterfall(
             ignore_index=True,
         )
         found = knees(runs)
+        same_rate = pd.DataFrame()
+        if same_rate_rps is not None:
+            rows = []
+            for name in names:
+                settle(name)
+                row = step_row(run_step(name, float(same_rate_rps)), p99_limit_ms=limit)
+                keep = ("rate_rps", "sent", "p50_ms", "p99_ms", "error_rate", "lag_p99_ms")
+                rows.append({"step": name, **{k: row[k] for k in keep}})
+            same_rate = pd.DataFrame(rows).set_index("step")
         tools = pd.DataFrame()
         if k6_step is not None:
             s = by_name[k6_step]
             tools = tool_comparison(
-                pool, urls[s.server] + s.path, ids, [r for r in ladder if r >= start_rps[k6_step]],
+                pool, urls[s.server] + s.path, ids, ladder[max(0, bisect.bisect_left(ladder, start_rps[k6_step]) - 3) :],
                 p99_limit_ms=limit, min_requests=min_requests, settle=lambda: settle(k6_step),
             )  # fmt: skip
     table = lever_table(steps, found)
@@ -333,4 +359,5 @@ def run_waterfall(
         "servers": {k: ("prototype: course_lib.measure.load_server.serve_churn" if v is None else v.describe())
                     for k, v in servers.items() if k in needed},
     }  # fmt: skip
-    return WaterfallRun(table, runs, found, gen_limit, settings, tools, stats)
+    stages = {name: c["stages_ms"] for name, c in ceilings.items()}
+    return WaterfallRun(table, runs, found, gen_limit, settings, tools, stats, stages, same_rate)

@@ -29,6 +29,7 @@ The 10 / (1 - q) rule: a p99 judged on n requests rests on its n / 100 slowest; 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ __all__ = [
     "load_waterfall",
     "rung_duration_s",
     "save_waterfall",
+    "start_rungs",
 ]
 
 #: Requests a rung needs to judge a p99: 10 / (1 - 0.99).
@@ -109,6 +111,23 @@ def rung_duration_s(
     rate = positive_number("rate_rps", rate_rps)
     n = integer("min_requests", min_requests, min=1)
     return max(float(min_duration_s), (n + 3.0 * math.sqrt(n)) / rate)
+
+
+def start_rungs(
+    knees_rps: Mapping[str, float], ladder_rps: Sequence[float], *, back: int = 3
+) -> dict[str, float]:
+    """Per step, the rung ``back`` rungs below the highest rung at or under its expected knee (or the first).
+
+    >>> start_rungs({"a": 100.0, "b": 0.0}, [50, 70, 100, 140], back=1)
+    {'a': 70.0, 'b': 50.0}
+    """
+    ladder = sorted(float(r) for r in ladder_rps)
+    n_back = integer("back", back, min=0)
+    out = {}
+    for step, knee in knees_rps.items():
+        at_or_below = bisect.bisect_right(ladder, max(float(knee), ladder[0]))
+        out[step] = ladder[max(0, at_or_below - 1 - n_back)]
+    return out
 
 
 def interleaved_climb(
