@@ -241,6 +241,7 @@ def run_waterfall(
     n_generators: int = 2,
     k6_step: str | None = None,
     same_rate_rps: float | None = None,
+    same_rate_steps: Sequence[str] | None = None,
     generator_rates_rps: Sequence[float] = (500, 1000, 2000, 4000, 6000, 8000),
     servers: Mapping[str, ProductionConfig | None] = SERVERS,
     lifetime_s: float = 3600.0,
@@ -262,7 +263,7 @@ def run_waterfall(
         ``start_back`` rungs below the knee it found.
     k6_step : a step to also measure with k6 beside the course generator (:func:`tool_comparison`).
     same_rate_rps : after the climbs, run every step once at this offered rate (``min_requests``
-        requests) for a like-for-like p99.
+        requests) for a like-for-like p99; ``same_rate_steps`` limits that to some steps.
     generator_rates_rps : the rates of the generator's own limit (``generator_limit`` on a null server).
     lifetime_s : every server exits by itself after this long.
     """
@@ -333,7 +334,7 @@ def run_waterfall(
         same_rate = pd.DataFrame()
         if same_rate_rps is not None:
             rows = []
-            for name in names:
+            for name in same_rate_steps or names:
                 settle(name)
                 row = step_row(run_step(name, float(same_rate_rps)), p99_limit_ms=limit)
                 keep = ("rate_rps", "sent", "p50_ms", "p99_ms", "error_rate", "lag_p99_ms")
