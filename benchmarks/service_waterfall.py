@@ -1,6 +1,6 @@
 """The service waterfall: prototype to production one lever at a time, against the framework's floor.
 
-Every server of ``course_lib.measure.service_bench.WATERFALL`` runs in its own processes on 127.0.0.1
+Every server of ``course_lib.measure.waterfall.WATERFALL`` runs in its own processes on 127.0.0.1
 (the prototype is Lesson 6's ``serve_churn``; the others are ``course_lib.serving.production``
 configurations; the floor is the production stack's ``POST /null``). Two generator processes
 (``course_lib.measure.generators``) first measure their own limit on a null server, then every step's
@@ -30,15 +30,15 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
     sys.path.insert(0, str(ROOT))
 
 from course_lib.core.env import env_report  # noqa: E402
-from course_lib.measure.k6 import k6_version  # noqa: E402
-from course_lib.measure.service_bench import (  # noqa: E402
+from course_lib.measure.waterfall import (  # noqa: E402
     FLOOR_STEP,
     PRODUCTION_STEP,
     PROTOTYPE_STEP,
     WATERFALL,
+    k6_version,
     run_waterfall,
+    save_waterfall,
 )
-from course_lib.measure.waterfall import save_waterfall  # noqa: E402
 
 QUICK_STEPS = (PROTOTYPE_STEP, "ONNX Runtime", PRODUCTION_STEP, FLOOR_STEP)
 

@@ -36,14 +36,17 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool  # noqa: E402
 from course_lib.measure.load_server import wait_idle  # noqa: E402
-from course_lib.measure.peers import PEERS, PEERS_VENV, peer_command, save_peers  # noqa: E402
-from course_lib.measure.waterfall import (  # noqa: E402
+from course_lib.measure.waterfall import (  # noqa: E402  # noqa: E402
+    PEERS,
+    PEERS_VENV,
     WaterfallStep,
     geometric_ladder,
     interleaved_climb,
     knees,
     lever_table,
+    peer_command,
     rung_duration_s,
+    save_peers,
 )
 from course_lib.serving.feature_store import FeatureStore  # noqa: E402
 from course_lib.serving.production import ProductionConfig, production_command  # noqa: E402

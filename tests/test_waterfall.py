@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from course_lib.core.checks import InvalidArgumentError
-from course_lib.measure.k6 import K6Result, parse_k6_summary
 from course_lib.measure.loadgen import LoadResult
 from course_lib.measure.waterfall import (
+    K6Result,
     WaterfallStep,
     geometric_ladder,
     interleaved_climb,
@@ -21,6 +21,7 @@ from course_lib.measure.waterfall import (
     lever_table,
     lever_verdict,
     load_waterfall,
+    parse_k6_summary,
     rung_duration_s,
     save_waterfall,
 )
@@ -169,6 +170,17 @@ def test_an_open_end_stays_open_and_a_base_without_a_knee_gives_no_lower_bound()
     assert math.isnan(fast["ratio_to_base"])
 
 
+def test_the_recorded_waterfall_and_peers_read_back():
+    from course_lib.measure.waterfall import FLOOR_STEP, PRODUCTION_STEP, PROTOTYPE_STEP, load_peers
+
+    record = load_waterfall()
+    assert {PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP} <= set(record.configs.index)
+    assert record.prototype_rps == record.configs.loc[PROTOTYPE_STEP, "median_knee_rps"] >= 0
+    assert set(record.configs["verdict"]) <= {"", "gain", "loss", "not resolved"}
+    peers = load_peers()
+    assert peers.meta["production"] in peers.configs.index and "bentoml" in peers.versions
+
+
 def test_record_round_trip(tmp_path):
     table = lever_table(
         STEPS[:2], knee_frame([(0, "proto", 50, 70, False), (0, "fast", 800, math.nan, False)])
@@ -217,7 +229,7 @@ def test_parse_k6_summary_reads_trends_and_counts_dropped():
 
 @pytest.mark.timeout(300)
 def test_smoke_run_of_the_benchmark_code_against_the_real_production_server(tmp_path):
-    from course_lib.measure.service_bench import FLOOR_STEP, PRODUCTION_STEP, WATERFALL, run_waterfall
+    from course_lib.measure.waterfall import FLOOR_STEP, PRODUCTION_STEP, WATERFALL, run_waterfall
 
     steps = [s for s in WATERFALL if s.name in (PRODUCTION_STEP, FLOOR_STEP)]
     run = run_waterfall(

@@ -1,6 +1,7 @@
 """Layer 4, measuring real servers and models: the open-loop load generator and its targets, rate ladders
 and knees, coordinated omission, HdrHistograms, Locust, the load-test server, batching cost and gain,
-throughput records, cold starts, GC pauses, and the lessons' live experiments.
+throughput records, cold starts, GC pauses, the lessons' live experiments, and the whole service's
+waterfall (with k6 and the serving peers).
 
 Imports only from the layers below.
 """
@@ -19,8 +20,8 @@ __all__ = [
     "loadgen",
     "locust_runner",
     "rate_sweep",
-    "server_levers",
     "source_loadtest",
     "targets",
     "throughput",
+    "waterfall",
 ]

@@ -17,9 +17,8 @@ to the base with the interval the ladder and the repeats allow:
 and over the repeats the lowest low and the highest high. A lever is a *gain* only when the whole
 interval lies above 1, a *loss* only when it lies below 1; otherwise the run did not resolve it.
 
-The record (:func:`save_waterfall`, :func:`load_waterfall`) is written by
-``benchmarks/service_waterfall.py`` to ``data/measurements/service_waterfall.json``; Lessons 5, 6 and 12
-read it. Running the servers is :mod:`course_lib.measure.service_bench`.
+:func:`floor_model` says how close a service comes to its floor (the same stack doing no work) and what
+its own measured work predicts.
 
 References
 ----------
@@ -33,32 +32,26 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from course_lib.churn.data import DATA_DIR
 from course_lib.core.checks import integer, positive_number
-from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.knee import MAX_ERROR_RATE, step_row
 from course_lib.measure.loadgen import LoadResult
 
 __all__ = [
     "LADDER_RATIO",
     "MIN_REQUESTS_P99",
-    "RECORDED_WATERFALL",
-    "WaterfallRecord",
     "WaterfallStep",
+    "floor_model",
     "geometric_ladder",
     "interleaved_climb",
     "knees",
     "lever_table",
     "lever_verdict",
-    "load_waterfall",
     "rung_duration_s",
-    "save_waterfall",
     "start_rungs",
 ]
 
@@ -66,8 +59,6 @@ __all__ = [
 MIN_REQUESTS_P99 = 1000
 #: Rungs of the ladder are this far apart (2 ** (1/4): four rungs per doubling).
 LADDER_RATIO = 2**0.25
-RECORDED_WATERFALL = DATA_DIR / "measurements" / "service_waterfall.json"
-_SCHEMA = "inference-workbook/service-waterfall/1"
 
 
 @dataclass(frozen=True)
@@ -256,7 +247,8 @@ def lever_table(steps: Sequence[WaterfallStep], knee_table: pd.DataFrame) -> pd.
     Returns
     -------
     DataFrame indexed by step name with ``lever``, ``base``, ``knee_rps`` (list, one per repeat),
-    ``median_knee_rps``, ``min_knee_rps``, ``max_knee_rps``, ``ratio_to_base`` (median over median),
+    ``median_knee_rps``, ``median_first_fail_rps`` (NaN where no rung failed), ``min_knee_rps``,
+    ``max_knee_rps``, ``ratio_to_base`` (median over median),
     ``ratio_low``/``ratio_high`` (the interval in the module docstring; NaN without a base) and
     ``verdict`` (:func:`lever_verdict`; ``""`` without a base).
     """
@@ -272,6 +264,7 @@ def lever_table(steps: Sequence[WaterfallStep], knee_table: pd.DataFrame) -> pd.
             "knee_rps": [float(x) for x in part["knee_rps"]],
             "first_fail_rps": [float(x) for x in part["first_fail_rps"]],
             "median_knee_rps": float(np.median(part["knee_rps"])),
+            "median_first_fail_rps": float(part["first_fail_rps"].median()),
             "min_knee_rps": float(part["knee_rps"].min()),
             "max_knee_rps": float(part["knee_rps"].max()),
             "generator_bound": bool(part["generator_bound"].any()),
@@ -294,100 +287,41 @@ def lever_table(steps: Sequence[WaterfallStep], knee_table: pd.DataFrame) -> pd.
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-@dataclass(frozen=True)
-class WaterfallRecord:
-    """A recorded waterfall: ``configs`` (one row per step, as :func:`lever_table` plus ``server``,
-    ``path``, ``handle_ms``, ``workers``, ``ceiling_rps``), the other fields in ``meta``, and ``path``."""
+def floor_model(table: pd.DataFrame, *, service: str, floor: str, workers: int) -> dict[str, float]:
+    """How close a service comes to its floor, and what its own measured work predicts.
 
-    configs: pd.DataFrame
-    meta: dict
-    path: Path
+    Each request costs the stack ``s`` ms of CPU, read off the floor (the same stack and ``workers``
+    answering a constant): ``s = 1000 x workers / floor knee``; the service adds its measured work ``w``
+    (``handle_ms``, from ``Server-Timing``). Then floor ~ workers / s, service ~ workers / (s + w), and
+    the service reaches ``s / (s + w)`` of its floor.
 
-    @property
-    def floor_rps(self) -> float:
-        return float(self.meta["floor_rps"])
+    Parameters
+    ----------
+    table : a waterfall table (``median_knee_rps`` and ``handle_ms`` by step name).
+    service, floor : step names.
+    workers : int >= 1
 
-    @property
-    def prototype_rps(self) -> float:
-        return float(self.meta["prototype_rps"])
+    Returns
+    -------
+    dict with ``floor_rps``, ``service_rps``, ``measured_fraction`` (service / floor), ``stack_ms`` (s),
+    ``work_ms`` (w) and ``predicted_fraction`` (s / (s + w)).
 
-    @property
-    def production_rps(self) -> float:
-        return float(self.meta["production_rps"])
-
-    def provenance(self) -> str:
-        m = self.meta
-        return (
-            f"benchmarks/service_waterfall.py, {m['measured_at']} on {m['cpu']} ({m['usable_cores']} usable cores), "
-            f"{m['repeats']} repeats, >= {m['min_requests']:,} requests per rung, p99 limit {m['p99_limit_ms']:g} ms, "
-            f"generator {m['generator']}; file {self.path.name}"
-        )
-
-
-def save_waterfall(
-    configs: pd.DataFrame,
-    path: str | Path = RECORDED_WATERFALL,
-    *,
-    floor_step: str,
-    prototype_step: str,
-    production_step: str,
-    **fields: Any,
-) -> Path:
-    """Write a waterfall (``configs`` as in :class:`WaterfallRecord`) with its provenance as JSON.
-
-    ``floor_rps``, ``prototype_rps`` and ``production_rps`` are the median knees of the named steps;
-    ``fields`` (``generator``, ``p99_limit_ms``, ``repeats``, ``min_requests``, ``ladder_rps``, ...) are
-    stored as given.
+    >>> t = pd.DataFrame({"median_knee_rps": [1000.0, 2000.0], "handle_ms": [1.0, 0.0]}, index=["svc", "null"])
+    >>> floor_model(t, service="svc", floor="null", workers=2)["predicted_fraction"]
+    0.5
     """
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        if isinstance(value, (int, np.integer)):
-            return int(value)
-        if isinstance(value, (float, np.floating)):
-            return None if not math.isfinite(float(value)) else float(value)
-        return value
-
-    rows = [{"name": str(name), **{k: plain(v) for k, v in row.items()}} for name, row in configs.iterrows()]
-    median = configs["median_knee_rps"]
-    return write_measurement(
-        path,
-        _SCHEMA,
-        floor_rps=float(median[floor_step]),
-        prototype_rps=float(median[prototype_step]),
-        production_rps=float(median[production_step]),
-        floor_step=floor_step,
-        prototype_step=prototype_step,
-        production_step=production_step,
-        **{k: plain(v) if not isinstance(v, (dict, str)) else v for k, v in fields.items()},
-        configs=rows,
+    n = integer("workers", workers, min=1)
+    floor_rps, service_rps = (
+        float(table.loc[floor, "median_knee_rps"]),
+        float(table.loc[service, "median_knee_rps"]),
     )
-
-
-def load_waterfall(path: str | Path = RECORDED_WATERFALL) -> WaterfallRecord:
-    """Read a file written by :func:`save_waterfall`.
-
-    Raises
-    ------
-    FileNotFoundError
-        If there is no file (run ``python benchmarks/service_waterfall.py --out FILE``).
-    ValueError
-        If the file is not a service-waterfall record.
-    """
-    file = Path(path)
-    payload = read_measurement(
-        file,
-        _SCHEMA,
-        what="a service-waterfall record",
-        how_to_make="run python benchmarks/service_waterfall.py --out FILE",
-    )
-    configs = pd.DataFrame(payload["configs"]).set_index("name")
-    for column in ("ratio_to_base", "ratio_low", "ratio_high", "ceiling_rps", "handle_ms"):
-        if column in configs:
-            configs[column] = pd.to_numeric(
-                configs[column], errors="coerce"
-            )  # None -> NaN (inf was stored as None)
-    return WaterfallRecord(configs, {k: v for k, v in payload.items() if k != "configs"}, file)
+    stack_ms = 1000.0 * n / floor_rps if floor_rps > 0 else math.nan
+    work_ms = float(table.loc[service, "handle_ms"])
+    return {
+        "floor_rps": floor_rps,
+        "service_rps": service_rps,
+        "measured_fraction": service_rps / floor_rps if floor_rps > 0 else math.nan,
+        "stack_ms": stack_ms,
+        "work_ms": work_ms,
+        "predicted_fraction": stack_ms / (stack_ms + work_ms),
+    }

@@ -30,10 +30,9 @@ import pandas as pd
 
 from course_lib.core.checks import integer, positive_number
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
-from course_lib.measure.k6 import run_k6
 from course_lib.measure.knee import step_row
 from course_lib.measure.load_server import serve_churn, wait_idle
-from course_lib.measure.waterfall import (
+from course_lib.measure.waterfall._climb import (
     MIN_REQUESTS_P99,
     WaterfallStep,
     geometric_ladder,
@@ -43,6 +42,7 @@ from course_lib.measure.waterfall import (
     rung_duration_s,
     start_rungs,
 )
+from course_lib.measure.waterfall._k6 import run_k6
 from course_lib.serving.feature_store import FeatureStore
 from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
 from course_lib.serving.profiling import parse_server_timing
