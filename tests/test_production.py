@@ -148,13 +148,15 @@ def test_readiness_waits_for_every_worker(tmp_path):
 def test_two_worker_processes_share_one_port_and_stop_with_the_block():
     import psutil
 
-    with serve_production(ProductionConfig(workers=2)) as url:
+    with serve_production(ProductionConfig(workers=2)) as server:
+        url = server.url
         assert httpx.get(url + "/healthz").status_code == 200  # only once both workers have loaded
         pids = {httpx.get(url + "/healthz").json()["worker_pid"] for _ in range(40)}
         ids = FeatureStore.open().sample_ids(20, seed=3)
         answers = [httpx.post(url + "/score", json={"customer_id": c}) for c in ids]
         assert all(a.status_code == 200 for a in answers)
-        supervisor = psutil.Process(httpx.get(url + "/stats").json()["worker_pid"]).parent()
+        supervisor = psutil.Process(server.pid)
+        assert psutil.Process(httpx.get(url + "/stats").json()["worker_pid"]).ppid() == server.pid
         workers = supervisor.children()
     assert len(pids) == 2, pids  # the kernel handed connections to both workers
     assert len(workers) == 2

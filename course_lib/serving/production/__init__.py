@@ -28,7 +28,7 @@ from course_lib.serving.production._config import (
     RUNTIMES,
     ProductionConfig,
 )
-from course_lib.serving.production._serve import production_command, serve_production
+from course_lib.serving.production._serve import ProductionServer, production_command, serve_production
 from course_lib.serving.production._service import ProductionService, build_service, forward_cost_ms
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "READY_DIR_ENV",
     "RUNTIMES",
     "ProductionConfig",
+    "ProductionServer",
     "ProductionService",
     "build_service",
     "create_production_app",

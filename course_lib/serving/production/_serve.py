@@ -3,7 +3,7 @@
 ``serve_production(config)`` starts ``python -m course_lib.serving.production`` with
 ``course_lib.serving.server.run_processes`` (a free port on 127.0.0.1, stderr to a log file shown on
 failure, readiness on ``/healthz``, always stopped when the ``with`` block ends, and the server exits
-by itself after its lifetime or when this process dies) and yields the base URL.
+by itself after its lifetime or when this process dies) and yields its URL and process id.
 ``production_command`` is that command, for starting several servers at once with ``run_processes``.
 """
 
@@ -12,12 +12,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from course_lib.serving.feature_store import build_feature_store
 from course_lib.serving.production._config import PRODUCTION, ProductionConfig
 from course_lib.serving.server import DEFAULTS, ServerConfig, run_processes, to_argv
 
-__all__ = ["production_command", "serve_production"]
+__all__ = ["ProductionServer", "production_command", "serve_production"]
+
+
+@dataclass(frozen=True)
+class ProductionServer:
+    """A running production service: its base URL and the process id of its supervisor (or only worker)."""
+
+    url: str
+    pid: int
 
 
 def production_command(config: ProductionConfig = PRODUCTION, server: ServerConfig = DEFAULTS) -> list[str]:
@@ -42,7 +51,7 @@ def serve_production(
     *,
     server: ServerConfig = DEFAULTS,
     startup_timeout_s: float = 120.0,
-) -> Iterator[str]:
+) -> Iterator[ProductionServer]:
     """Run the production churn service for ``config`` on 127.0.0.1; yield its base URL.
 
     Parameters
@@ -57,8 +66,9 @@ def serve_production(
 
     Yields
     ------
-    str
-        The base URL, e.g. ``http://127.0.0.1:8123``.
+    ProductionServer
+        ``url`` (e.g. ``http://127.0.0.1:8123``) and ``pid`` (the process tree's root, e.g. to sample its
+        memory).
 
     Raises
     ------
@@ -68,4 +78,4 @@ def serve_production(
     with run_processes(
         {"production": production_command(config, server)}, startup_timeout_s=startup_timeout_s
     ) as urls:
-        yield urls["production"]
+        yield ProductionServer(urls["production"], urls.processes["production"].pid)
