@@ -18,7 +18,6 @@ BentoML, LitServe and granian documentation (see ``benchmarks/peers``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import pandas as pd
 from course_lib.churn.data import DATA_DIR
 from course_lib.core._io import REPO_ROOT
 from course_lib.measure.capacity_record import read_measurement, write_measurement
+from course_lib.measure.waterfall._record import table_from_rows, table_rows
 
 __all__ = [
     "PEERS",
@@ -107,15 +107,7 @@ class PeersRecord:
 
 def save_peers(configs: pd.DataFrame, path: str | Path = RECORDED_PEERS, **fields: Any) -> Path:
     """Write a peers table (index: server name) and ``fields`` (``versions``, ``unavailable``, ...) as JSON."""
-    rows = []
-    for name, row in configs.iterrows():
-        clean = {}
-        for key, value in row.items():
-            if isinstance(value, float) and not math.isfinite(value):  # NaN, or an open end
-                value = None
-            clean[key] = value
-        rows.append({"name": str(name), **clean})
-    return write_measurement(path, _SCHEMA, **fields, configs=rows)
+    return write_measurement(path, _SCHEMA, **fields, configs=table_rows(configs))
 
 
 def load_peers(path: str | Path = RECORDED_PEERS) -> PeersRecord:
@@ -135,8 +127,5 @@ def load_peers(path: str | Path = RECORDED_PEERS) -> PeersRecord:
         what="a serving-peers record",
         how_to_make="run python benchmarks/serving_peers.py --out FILE",
     )
-    configs = pd.DataFrame(payload["configs"]).set_index("name") if payload["configs"] else pd.DataFrame()
-    for column in ("ratio_to_base", "ratio_low", "ratio_high"):
-        if column in configs:
-            configs[column] = pd.to_numeric(configs[column], errors="coerce")
+    configs = table_from_rows(payload["configs"], ("ratio_to_base", "ratio_low", "ratio_high"))
     return PeersRecord(configs, {k: v for k, v in payload.items() if k != "configs"}, file)

@@ -19,7 +19,14 @@ import pandas as pd
 from course_lib.churn.data import DATA_DIR
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 
-__all__ = ["RECORDED_WATERFALL", "WaterfallRecord", "load_waterfall", "save_waterfall"]
+__all__ = [
+    "RECORDED_WATERFALL",
+    "WaterfallRecord",
+    "load_waterfall",
+    "save_waterfall",
+    "table_from_rows",
+    "table_rows",
+]
 
 RECORDED_WATERFALL = DATA_DIR / "measurements" / "service_waterfall.json"
 _SCHEMA = "inference-workbook/service-waterfall/1"
@@ -55,6 +62,33 @@ class WaterfallRecord:
         )
 
 
+def _plain(value: Any) -> Any:
+    """A JSON-ready value: numpy scalars to Python, NaN and infinities to None (an open end)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return None if not math.isfinite(float(value)) else float(value)
+    return value
+
+
+def table_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table indexed by name as JSON-ready rows ``{"name": ..., column: value, ...}`` (NaN/inf -> None)."""
+    return [{"name": str(name), **{k: _plain(v) for k, v in row.items()}} for name, row in table.iterrows()]
+
+
+def table_from_rows(rows: list[dict[str, Any]], numeric: tuple[str, ...]) -> pd.DataFrame:
+    """:func:`table_rows` read back, indexed by name; the ``numeric`` columns as floats (None -> NaN)."""
+    table = pd.DataFrame(rows).set_index("name") if rows else pd.DataFrame()
+    for column in numeric:
+        if column in table:
+            table[column] = pd.to_numeric(table[column], errors="coerce")
+    return table
+
+
 def save_waterfall(
     configs: pd.DataFrame,
     path: str | Path = RECORDED_WATERFALL,
@@ -71,18 +105,7 @@ def save_waterfall(
     stored as given.
     """
 
-    def plain(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        if isinstance(value, (int, np.integer)):
-            return int(value)
-        if isinstance(value, (float, np.floating)):
-            return None if not math.isfinite(float(value)) else float(value)
-        return value
-
-    rows = [{"name": str(name), **{k: plain(v) for k, v in row.items()}} for name, row in configs.iterrows()]
+    rows = table_rows(configs)
     median = configs["median_knee_rps"]
     return write_measurement(
         path,
@@ -93,7 +116,7 @@ def save_waterfall(
         floor_step=floor_step,
         prototype_step=prototype_step,
         production_step=production_step,
-        **{k: plain(v) if not isinstance(v, (dict, str)) else v for k, v in fields.items()},
+        **{k: _plain(v) if not isinstance(v, (dict, str)) else v for k, v in fields.items()},
         configs=rows,
     )
 
@@ -115,17 +138,13 @@ def load_waterfall(path: str | Path = RECORDED_WATERFALL) -> WaterfallRecord:
         what="a service-waterfall record",
         how_to_make="run python benchmarks/service_waterfall.py --out FILE",
     )
-    configs = pd.DataFrame(payload["configs"]).set_index("name")
-    for column in (
+    numeric = (
         "ratio_to_base",
         "ratio_low",
         "ratio_high",
         "ceiling_rps",
         "handle_ms",
         "median_first_fail_rps",
-    ):
-        if column in configs:
-            configs[column] = pd.to_numeric(
-                configs[column], errors="coerce"
-            )  # None -> NaN (inf was stored as None)
+    )
+    configs = table_from_rows(payload["configs"], numeric)  # an open end (stored as null) reads back as NaN
     return WaterfallRecord(configs, {k: v for k, v in payload.items() if k != "configs"}, file)
