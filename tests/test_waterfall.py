@@ -250,3 +250,31 @@ def test_smoke_run_of_the_benchmark_code_against_the_real_production_server(tmp_
     path = save_waterfall(run.table, tmp_path / "w.json", floor_step=FLOOR_STEP, prototype_step=PRODUCTION_STEP,
                           production_step=PRODUCTION_STEP, generator="smoke", **run.settings)  # fmt: skip
     assert load_waterfall(path).floor_rps == run.table.loc[FLOOR_STEP, "median_knee_rps"]
+
+
+def test_a_peer_and_every_process_it_forks_stop_with_its_launcher(tmp_path):
+    """The peers' launcher takes the whole process group down (a LitServe-like peer forks a worker)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from course_lib.core.waiting import wait_until
+    from course_lib.measure.waterfall import PeerSpec, peer_command
+
+    script = tmp_path / "peer.py"
+    script.write_text(
+        "import multiprocessing, time\n"
+        "def work():\n    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.Process(target=work).start()\n    time.sleep(120)\n"
+    )
+    spec = PeerSpec("fake", "fake", (str(script),), "/score", "/healthz")
+    launcher = subprocess.Popen(peer_command(spec, sys.executable, workers=1))
+    tree = psutil.Process(launcher.pid)
+    wait_until(lambda: len(tree.children(recursive=True)) >= 2, timeout_s=30, what="the peer and its worker")
+    processes = tree.children(recursive=True)
+    launcher.terminate()
+    launcher.wait(timeout=30)
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    assert not alive
