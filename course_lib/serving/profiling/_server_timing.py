@@ -25,13 +25,21 @@ __all__ = ["check_duration_ms", "check_metric_name", "format_server_timing", "pa
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: a valid metric name
 
 
+_CHECKED: set[str] = set()  # names already found valid: every request of a server times the same few stages
+_CHECKED_MAX = 1024
+
+
 def check_metric_name(name: object, *, what: str = "metric name") -> str:
     """Return ``name`` if it is a header token; else ``ValueError`` naming ``what`` and the value."""
+    if type(name) is str and name in _CHECKED:
+        return name
     if not isinstance(name, str) or not _TOKEN.match(name):
         raise ValueError(
             f"{what} must be a non-empty token of letters, digits or !#$%&'*+-.^_`|~ "
             f"(it becomes a Server-Timing metric name), got {name!r}"
         )
+    if type(name) is str and len(_CHECKED) < _CHECKED_MAX:
+        _CHECKED.add(name)
     return name
 
 
