@@ -162,3 +162,25 @@ def test_two_worker_processes_share_one_port_and_stop_with_the_block():
     assert len(workers) == 2
     _, alive = psutil.wait_procs([supervisor, *workers], timeout=15)
     assert not alive
+
+
+@pytest.mark.timeout(180)
+def test_the_httptools_worker_is_guarded_like_h11_a_slow_header_is_cut_off():
+    """serve_app guards uvicorn's httptools protocol too: headers must arrive within header_timeout_s."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from course_lib.core.waiting import wait_until
+    from course_lib.serving.server import DEFAULTS
+
+    config = ProductionConfig(workers=1, http="httptools", loop="uvloop")
+    with serve_production(config, server=DEFAULTS.replace(header_timeout_s=1.0)) as server:
+        host, port = urlsplit(server.url).hostname, urlsplit(server.url).port
+        with socket.create_connection((host, port), timeout=10) as slow:
+            slow.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\n")  # and never the end of the headers
+            slow.settimeout(10)
+            closed = []
+            wait_until(
+                lambda: closed.append(slow.recv(1024)) or closed[-1] == b"", timeout_s=10, what="the cut-off"
+            )
+        assert httpx.post(server.url + "/score", json={"customer_id": CUSTOMER}).status_code == 200
