@@ -152,7 +152,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime_comparison.py
 	$(BIN)/python benchmarks/batching.py
 	$(BIN)/python benchmarks/generator_limit.py
-	$(BIN)/python benchmarks/server_levers.py
+	$(BIN)/python benchmarks/service_waterfall.py
 	$(BIN)/python benchmarks/batch_scoring.py
 
 # Which lessons to re-execute after changing a module: make lesson-map CHANGED="course_lib/serving/batching/rule.py"

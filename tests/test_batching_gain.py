@@ -14,6 +14,7 @@ from course_lib.measure.batching_gain import (
     gain_texts,
     gain_verdict,
     median_round_trip_ms,
+    one_call_verdict,
 )
 
 NAN = math.nan
@@ -27,18 +28,21 @@ def test_both_limits_found_gives_the_ratio_and_its_interval():
     v = gain_verdict(capacity({"one": (200, 300), "batched": (400, 600)}), ["one"], "batched")
     assert v.ratio == 2.0 and v.text == "2.0x" and v.baseline == "one"
     assert (v.low, v.high) == pytest.approx((400 / 300, 600 / 200))
-    assert "[1.33x, 3.00x]" in v.caveat
+    assert "[1.33x, 3.00x]" in v.caveat and v.direction == "gain"
 
 
 def test_batching_that_met_every_rung_is_only_a_lower_bound():
     v = gain_verdict(capacity({"one": (200, 400), "batched": (3200, NAN)}), ["one"], "batched")
-    assert v.text == "at least 16.0x" and math.isinf(v.high) and v.low == 8.0
-    assert "only a lower bound" in v.caveat
+    assert (
+        v.text == "at least 8.0x" and math.isinf(v.high) and v.low == 8.0
+    )  # the interval's low end, not 16x
+    assert "only a lower bound" in v.caveat and v.direction == "gain"
 
 
 def test_a_baseline_that_met_every_rung_makes_the_gain_an_upper_bound():
     v = gain_verdict(capacity({"one": (800, NAN), "batched": (600, 800)}), ["one"], "batched")
-    assert v.text == "at most 0.8x" and v.low == 0.0 and v.high == 1.0
+    assert v.text == "at most 1.0x" and v.low == 0.0 and v.high == 1.0  # the interval's high end
+    assert v.direction == "not resolved"
 
 
 def test_both_met_every_rung_means_the_gain_is_unknown():
@@ -133,3 +137,22 @@ def test_gain_texts_say_plainly_when_no_baseline_met_the_limit():
     assert not any("nan" in t or "inf" in t for t in texts)
     with pytest.raises(ValueError, match="baselines must be non-empty"):
         gain_texts(table, [])
+
+
+def test_a_loss_is_called_only_when_the_whole_interval_lies_below_one():
+    assert (
+        gain_verdict(capacity({"one": (800, 1600), "batched": (200, 400)}), ["one"], "batched").direction
+        == "loss"
+    )
+    assert gain_verdict(
+        capacity({"one": (800, 1600), "batched": (800, 1600)}), ["one"], "batched"
+    ).direction == ("not resolved")
+
+
+def test_one_call_verdict_words_the_measured_knee_against_the_prediction():
+    assert one_call_verdict(150, 134).startswith("above the prediction")
+    assert one_call_verdict(67, 134).startswith("within the factor of 2")
+    assert one_call_verdict(66, 134).startswith("more than one rung below")
+    assert one_call_verdict(50, 134, rung_ratio=3).startswith("within the factor of 3")
+    with pytest.raises(ValueError, match="predicted_rps"):
+        one_call_verdict(50, 0)

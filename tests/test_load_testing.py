@@ -30,13 +30,6 @@ from course_lib.measure.histograms import (
 from course_lib.measure.knee import climb, find_knee, recovery_time_s, rolling_p99, step_row, step_table
 from course_lib.measure.loadgen import LoadResult, run_open_loop
 from course_lib.measure.locust_runner import bucket_response_time_ms, locust_percentile
-from course_lib.measure.server_levers import (
-    LEVER_CONFIGS,
-    interleaved_knees,
-    knee_ratios,
-    load_lever_record,
-    save_lever_record,
-)
 from course_lib.measure.source_loadtest import source_load_test, source_percentile
 from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import spike_schedule
@@ -343,47 +336,6 @@ def test_locust_bucketing_and_percentiles_match_locust():
     assert pcts == [0, 0, 1000, 1000] and max(samples) == 996.0
     # Locust's rank is int(q n) + 1: for 100 samples 1..100 its p99 is the 100th, not the 99th
     assert locust_percentile(range(1, 101), 99) == 100 and percentile(list(range(1, 101)), 99) == 99
-
-
-# -- server levers: configurations climbed side by side, and the record ---------------------------
-def test_lever_configurations_take_turns_and_drop_out_at_their_first_miss(tmp_path):
-    capacity_rps = {"baseline": 100.0, "fast": 400.0, "slow": 50.0}
-    calls = []
-
-    def step(name, rate):
-        calls.append((name, rate))
-        late = rate > capacity_rps[name]
-        return _fake_result(np.full(200, 500.0 if late else 1.0), rate=rate)
-
-    tables = interleaved_knees(step, capacity_rps, [200, 50, 100, 400, 800], p99_limit_ms=100.0)
-    assert calls[:3] == [("baseline", 50.0), ("fast", 50.0), ("slow", 50.0)]  # turns at every rung
-    assert [c for c in calls if c[0] == "slow"] == [("slow", 50.0), ("slow", 100.0)]  # gone after its miss
-    assert [c for c in calls if c[0] == "fast"][-1] == ("fast", 800.0)
-    knees = knee_ratios(tables, generator_limit_rps=400.0)
-    assert knees["knee_rps"].to_dict() == capacity_rps
-    assert knees.loc["fast", "ratio_to_baseline"] == 4.0 and knees.loc["slow", "ratio_to_baseline"] == 0.5
-    assert knees["generator_bound"].to_dict() == {"baseline": False, "fast": True, "slow": False}
-    path = save_lever_record(
-        knees, tmp_path / "levers.json", generator_limit_rps=400.0, p99_limit_ms=100.0, ladder_rps=[50, 100]
-    )
-    record = load_lever_record(path)
-    pd.testing.assert_frame_equal(record.knees, knees.rename_axis("config"), check_dtype=False)
-    assert "generator limit 400 req/s" in record.provenance()
-    with pytest.raises(ValueError, match="p99_limit_ms"):
-        interleaved_knees(step, capacity_rps, [50], p99_limit_ms=0)
-    with pytest.raises(ValueError, match="names must be non-empty"):
-        interleaved_knees(step, [], [50], p99_limit_ms=100.0)
-    with pytest.raises(FileNotFoundError, match=r"benchmarks/server_levers\.py"):
-        load_lever_record(tmp_path / "missing.json")
-    (tmp_path / "other.json").write_text('{"schema": "something else"}')
-    with pytest.raises(ValueError, match="not a server-levers record"):
-        load_lever_record(tmp_path / "other.json")
-
-
-def test_the_recorded_lever_comparison_reads_back():
-    record = load_lever_record()
-    assert list(record.knees.index) == list(LEVER_CONFIGS)
-    assert (record.knees["knee_rps"] >= 0).all() and record.generator_limit_rps >= 0
 
 
 def test_generator_limit_retries_a_missed_rate_once_and_stops_where_every_try_missed():

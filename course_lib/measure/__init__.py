@@ -2,7 +2,7 @@
 
 The open-loop load generator and its targets, rate ladders and knees, coordinated omission,
 HdrHistograms, Locust, the load-test server, batching cost and gain, throughput records, cold starts, GC
-pauses, and the lessons' live experiments.
+pauses, the lessons' live experiments, and the whole service's waterfall (with k6 and the serving peers).
 
 Imports only from the layers below.
 """
@@ -21,8 +21,8 @@ __all__ = [
     "loadgen",
     "locust_runner",
     "rate_sweep",
-    "server_levers",
     "source_loadtest",
     "targets",
     "throughput",
+    "waterfall",
 ]

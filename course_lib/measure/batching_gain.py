@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import InvalidArgumentError, integer, non_empty, positive_number
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, positive_number
 
 __all__ = [
     "GainVerdict",
@@ -42,6 +42,7 @@ __all__ = [
     "gain_texts",
     "gain_verdict",
     "median_round_trip_ms",
+    "one_call_verdict",
 ]
 
 
@@ -52,8 +53,9 @@ class GainVerdict:
     ``ratio`` = sustained rung of the batched configuration / that of the best baseline; the true gain
     lies in [``low``, ``high``] (``high`` is ``inf`` when the batched configuration met every rung,
     ``low`` is 0 when the baseline did). ``text`` is the ratio worded with what the ladder leaves
-    unknown ("2.0x", "at least 16.0x", "at most 0.8x"), ``caveat`` the reason, ``baseline`` the name
-    of the baseline used.
+    unknown ("2.0x"; "at least 8.0x", the interval's low end, when batching met every rung; "at most
+    1.0x", its high end, when the baseline did), ``caveat`` the reason, ``baseline`` the name of the
+    baseline used, and ``direction`` the verdict the interval allows.
     """
 
     ratio: float
@@ -62,6 +64,15 @@ class GainVerdict:
     text: str
     caveat: str
     baseline: str
+
+    @property
+    def direction(self) -> str:
+        """``"gain"`` if the whole interval lies above 1, ``"loss"`` if below, else ``"not resolved"``."""
+        if self.low > 1:
+            return "gain"
+        if self.high < 1:
+            return "loss"
+        return "not resolved"
 
 
 def _rung(capacity: pd.DataFrame, name: str, column: str) -> float:
@@ -108,14 +119,14 @@ def gain_verdict(capacity: pd.DataFrame, baselines: Sequence[str], batched: str)
             f"{ratio:.1f}x",
             "both met every rung, so both capacities are lower bounds and the gain is unknown",
         )
-    elif math.isnan(base_fail):
+    elif math.isnan(base_fail):  # the baseline may sustain far more: only the upper end is known
         text, caveat = (
-            f"at most {ratio:.1f}x",
+            f"at most {high:.1f}x",
             "the baseline met every rung, so its capacity is only a lower bound",
         )
-    elif math.isnan(top_fail):
+    elif math.isnan(top_fail):  # the baseline may sustain up to its first failed rung: the lower end is low
         text, caveat = (
-            f"at least {ratio:.1f}x",
+            f"at least {low:.1f}x",
             "batching met every rung, so its capacity is only a lower bound",
         )
     else:
@@ -200,6 +211,40 @@ def bound_verdict(verdict: GainVerdict, bound: float) -> str:
     return (
         f"the bound {bound:.2f}x lies inside the measured interval {interval}: consistent with Amdahl's law"
     )
+
+
+def one_call_verdict(measured_rps: float, predicted_rps: float, *, rung_ratio: float = 2.0) -> str:
+    """Where one call per request's measured capacity lies against the cost model's 1 / m(1), in words.
+
+    Parameters
+    ----------
+    measured_rps : float >= 0
+        The highest rung one call per request sustained.
+    predicted_rps : float > 0
+        ``1000 / m(1)``: the most one call at a time allows, before any per-request work.
+    rung_ratio : float > 1
+        How far apart the ladder's rungs are: a measured rung within one rung below the prediction
+        is consistent with it.
+
+    Returns
+    -------
+    str
+        "above the prediction ..." (the fitted m(1) overstates this run's call), "within one rung below it
+        ..." (consistent), or "more than one rung below it ..." (per-request work took the rest).
+
+    >>> one_call_verdict(50, 134)
+    'more than one rung below it: per-request work (thread hop, load generator, other programs if any) took the rest'
+    >>> one_call_verdict(100, 134)
+    'within the factor of 2 between rungs below it: consistent with the prediction'
+    """
+    measured = number("measured_rps", measured_rps, min=0.0)
+    predicted = number("predicted_rps", predicted_rps, min=0.0, min_open=True)
+    step = number("rung_ratio", rung_ratio, min=1.0, min_open=True)
+    if measured > predicted:
+        return "above the prediction (the fitted m(1) overstates this run's call)"
+    if measured >= predicted / step:
+        return f"within the factor of {step:g} between rungs below it: consistent with the prediction"
+    return "more than one rung below it: per-request work (thread hop, load generator, other programs if any) took the rest"
 
 
 async def median_round_trip_ms(

@@ -8,7 +8,7 @@ to JSON; :func:`load_http_capacity` reads it back. Each run of Lesson 3 writes
 ``data/measurements/http_capacity.json`` (:data:`RECORDED_HTTP_CAPACITY`), which Lesson 5 uses so
 that its stored outputs do not depend on whether you ran Lesson 3 first. :func:`write_measurement` and
 :func:`read_measurement` are the record format itself (schema + provenance + fields), shared with the
-other recorded benchmarks (``course_lib.measure.server_levers``).
+other recorded benchmarks (``course_lib.measure.waterfall``).
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ def step_row(
     ``p50_ms``/``p95_ms``/``p99_ms``/``p99.9_ms`` (nearest rank, successful requests, from the intended
     send time), ``error_rate`` and ``shed_rate`` (fractions of sent), ``goodput_rps`` (answers within
     the p99 limit per second of schedule), ``lag_p99_ms``, ``generator_ok`` and ``met_slo``
-    (p99 <= limit and error rate < ``max_error_rate``).
+    (p99 <= limit and error rate < ``max_error_rate``), and ``mean_batch_size`` where the target
+    reported batch sizes.
     """
     limit = positive_number("p99_limit_ms", p99_limit_ms)
     s = result.summary(lag_bound_ms=lag_bound_ms)
@@ -77,6 +78,8 @@ def step_row(
         generator_ok=s["generator_ok"],
         met_slo=bool(len(ok) > 0 and row["p99_ms"] <= limit and error_rate < max_error_rate),
     )
+    if "mean_batch_size" in s:  # the target reported how each request was batched
+        row["mean_batch_size"] = s["mean_batch_size"]
     return row
 
 

@@ -59,8 +59,7 @@ class OrjsonChurnService(ChurnService):
     def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
         import orjson
 
-        body = json.loads(super().format(request, churn_probability))  # validation and rounding unchanged
-        return orjson.dumps(body)
+        return orjson.dumps(self.answer(request, churn_probability))  # one encode, same fields
 
 
 def _build_app(config: dict[str, Any]):

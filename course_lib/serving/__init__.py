@@ -1,7 +1,8 @@
 """Layer 2, what answers a request: the service, profiling, features, servers, batching, caches, replicas.
 
 The churn service and its stages, stage profiling, the feature store, the server runtime, online
-(dynamic) batching, the prediction cache, replicas, hedging, fallbacks and the capstone's slow baseline.
+(dynamic) batching, the prediction cache, replicas, hedging, fallbacks, the capstone's slow baseline, and
+the production service that assembles what paid (Lesson 12).
 
 Imports only from :mod:`course_lib.core` and :mod:`course_lib.churn`.
 """
@@ -12,6 +13,7 @@ __all__ = [
     "fallback",
     "feature_store",
     "hedging",
+    "production",
     "profiling",
     "replica",
     "server",

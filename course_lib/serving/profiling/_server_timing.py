@@ -24,20 +24,31 @@ __all__ = ["check_metric_name", "format_server_timing", "parse_server_timing"]
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: a valid metric name
 
 
+_CHECKED: set[str] = set()  # names already found valid: every request of a server times the same few stages
+_CHECKED_MAX = 1024
+
+
 def check_metric_name(name: object, *, what: str = "metric name") -> str:
     """Return ``name`` if it is a header token (RFC 9110 ``token``).
+
+    Valid names are remembered (a server times the same few stages on every request), so a repeated
+    name costs one set lookup.
 
     Raises
     ------
     course_lib.core.checks.InvalidArgumentError
         Naming ``what`` and the value: a non-str, an empty string or a character outside the token set.
     """
+    if type(name) is str and name in _CHECKED:
+        return name
     instance_of(what, name, str)
     if not _TOKEN.match(name):
         raise InvalidArgumentError(
             f"{what} must be a non-empty token of letters, digits or !#$%&'*+-.^_`|~ "
             f"(it becomes a Server-Timing metric name), got {name!r}"
         )
+    if type(name) is str and len(_CHECKED) < _CHECKED_MAX:
+        _CHECKED.add(name)
     return name
 
 

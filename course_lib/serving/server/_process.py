@@ -20,25 +20,40 @@ import logging
 import os
 import resource
 import signal
+import socket
 import threading
 import time
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 
-__all__ = ["LOOPBACK_HOST", "PARENT_PID_ENV", "guarded_protocol", "serve_app"]
+__all__ = ["HTTP_PARSERS", "LOOPBACK_HOST", "PARENT_PID_ENV", "guarded_protocol", "serve_app"]
 
 #: The only address a course server binds.
 LOOPBACK_HOST = "127.0.0.1"
 #: Environment variable through which ``run_processes`` tells a server which process to outlive never.
 PARENT_PID_ENV = "COURSE_SERVER_PARENT_PID"
+#: uvicorn's HTTP/1.1 parsers ``serve_app`` can guard: pure-Python ``h11`` and C ``httptools``.
+HTTP_PARSERS: tuple[str, ...] = ("h11", "httptools")
 _log = logging.getLogger(__name__)
 
 
-def guarded_protocol(config: ServerConfig = DEFAULTS) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a header read timeout and a connection limit.
+def _protocol_base(http: str) -> type:
+    if http == "h11":
+        return H11Protocol
+    if http == "httptools":
+        return HttpToolsProtocol
+    raise ValueError(f"http must be one of {HTTP_PARSERS}, got {http!r}")
+
+
+def guarded_protocol(config: ServerConfig = DEFAULTS, *, http: str = "h11") -> type[H11Protocol]:
+    """uvicorn's h11 (or httptools) protocol with a header read timeout and a connection limit.
+
+    ``http`` picks the parser (``HTTP_PARSERS``); both uvicorn protocol classes keep the same
+    ``cycle``, ``connections`` and callbacks, so the guard below is the same for both.
 
     * A connection must deliver a request's complete headers within ``config.header_timeout_s`` of
       connecting (or of the previous answer); otherwise it is closed (slowloris defence: uvicorn alone
@@ -50,7 +65,9 @@ def guarded_protocol(config: ServerConfig = DEFAULTS) -> type[H11Protocol]:
     """
     header_timeout_s, max_connections = config.header_timeout_s, config.max_connections
 
-    class GuardedH11Protocol(H11Protocol):
+    base = _protocol_base(http)
+
+    class GuardedProtocol(base):  # type: ignore[misc, valid-type]
         _header_timer: asyncio.TimerHandle | None = None
         _opened_at: float = 0.0
 
@@ -94,7 +111,8 @@ def guarded_protocol(config: ServerConfig = DEFAULTS) -> type[H11Protocol]:
             self._disarm()
             super().connection_lost(exc)
 
-    return GuardedH11Protocol
+    GuardedProtocol.__name__ = GuardedProtocol.__qualname__ = f"Guarded{base.__name__}"
+    return GuardedProtocol
 
 
 def _raise_open_file_limit(needed: int) -> None:
@@ -121,7 +139,15 @@ def _watch_parent(parent_pid: int, every_s: float, grace_s: float) -> None:
             return
 
 
-def serve_app(app: object, *, port: int, config: ServerConfig = DEFAULTS) -> None:
+def serve_app(
+    app: object,
+    *,
+    port: int,
+    config: ServerConfig = DEFAULTS,
+    http: str = "h11",
+    loop: str = "asyncio",
+    sock: socket.socket | None = None,
+) -> None:
     """Serve ``app`` on 127.0.0.1:``port`` in this process until SIGTERM, the lifetime, or the parent's death.
 
     For the ``main()`` of a server subprocess started by ``run_processes``. Blocks.
@@ -136,6 +162,14 @@ def serve_app(app: object, *, port: int, config: ServerConfig = DEFAULTS) -> Non
         (see ``guarded_protocol``), ``keep_alive_s``, ``graceful_shutdown_s`` (after SIGTERM,
         requests in flight get this long; the process is killed ``graceful_shutdown_s + 5`` s after the
         stop began at the latest), ``parent_check_s``.
+    http : {"h11", "httptools"}
+        uvicorn's HTTP parser, guarded either way (``guarded_protocol``).
+    loop : {"asyncio", "uvloop"}
+        uvicorn's event loop.
+    sock : socket.socket, optional
+        A listening TCP socket on 127.0.0.1 to serve instead of binding ``port`` (several worker
+        processes accepting from one socket inherited from their supervisor, as uvicorn's and
+        gunicorn's workers do); ``port`` is then only the label in messages.
 
     Notes
     -----
@@ -143,6 +177,9 @@ def serve_app(app: object, *, port: int, config: ServerConfig = DEFAULTS) -> Non
     (``run_processes`` sets it), else this process's parent at start. Linux re-parents an orphan, so
     a changed ``os.getppid()`` means the parent died (a killed notebook kernel, say).
     """
+    if loop not in ("asyncio", "uvloop"):
+        raise ValueError(f"loop must be 'asyncio' or 'uvloop', got {loop!r}")
+    protocol = guarded_protocol(config, http=http)
     grace_s = config.graceful_shutdown_s + 5.0
     _raise_open_file_limit(config.max_connections + 256)
     parent_pid = int(os.environ.get(PARENT_PID_ENV, os.getppid()))
@@ -165,9 +202,9 @@ def serve_app(app: object, *, port: int, config: ServerConfig = DEFAULTS) -> Non
         port=port,
         log_level="warning",
         access_log=False,
-        http=guarded_protocol(config),
-        loop="asyncio",
+        http=protocol,
+        loop=loop,
         timeout_keep_alive=max(1, round(config.keep_alive_s)),
         timeout_graceful_shutdown=max(1, round(config.graceful_shutdown_s)),
     )
-    uvicorn.Server(server_config).run()
+    uvicorn.Server(server_config).run(sockets=None if sock is None else [sock])

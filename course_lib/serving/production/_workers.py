@@ -1,0 +1,159 @@
+"""One worker process per usable core, all accepting from one listening socket: the server's process tree.
+
+``python -m course_lib.serving.production --port N [levers]`` runs :func:`main`. It binds 127.0.0.1:N
+itself and then:
+
+* with one worker, serves the app in this process (``course_lib.serving.server.serve_app``: header and
+  body timeouts, a connection limit, a bounded graceful shutdown, a lifetime, exit with the parent);
+* with more, becomes a supervisor: it starts that many worker processes, each of which inherits the
+  listening socket (``pass_fds``) and serves the app on it with ``serve_app`` (the kernel hands each new
+  connection to one of them, as with uvicorn's and gunicorn's workers). Every worker marks itself
+  loaded in a folder of the supervisor's (``READY_DIR_ENV``); ``/healthz`` answers 200 only when all
+  of them have, so a client that waits for readiness measures the whole server. The supervisor
+  stops the workers (SIGTERM, then SIGKILL after the grace period) when it is told to stop, when its
+  own parent dies (``PARENT_PID_ENV``, as every course server), and when any worker exits on its own,
+  which it reports with the worker's exit code; the workers exit when the supervisor dies.
+
+References
+----------
+uvicorn source, ``uvicorn/supervisors/multiprocess.py`` (one socket, many workers); gunicorn
+documentation, "Design" (the pre-fork worker model). Python ``subprocess.Popen(pass_fds=...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from course_lib.serving.production._app import READY_DIR_ENV, create_production_app, worker_ready_path
+from course_lib.serving.production._config import (
+    ENCODERS,
+    FORWARD_MODES,
+    HTTP_PARSERS,
+    LOOPS,
+    RUNTIMES,
+    ProductionConfig,
+)
+from course_lib.serving.server import (
+    LOOPBACK_HOST,
+    PARENT_PID_ENV,
+    ServerConfig,
+    add_arguments,
+    from_arguments,
+    serve_app,
+)
+
+__all__ = ["main", "parse_arguments"]
+
+_BACKLOG = 2048
+
+
+def parse_arguments(
+    argv: Sequence[str] | None = None,
+) -> tuple[argparse.Namespace, ProductionConfig, ServerConfig]:
+    """The command line: ``--port``, one flag per ``ProductionConfig`` lever, the ``ServerConfig`` flags."""
+    parser = argparse.ArgumentParser(description="The production churn service on 127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime")
+    parser.add_argument("--forward", choices=FORWARD_MODES, default="auto")
+    parser.add_argument("--encoder", choices=ENCODERS, default="orjson")
+    parser.add_argument("--http", choices=HTTP_PARSERS, default="httptools")
+    parser.add_argument("--loop", choices=LOOPS, default="uvloop")
+    parser.add_argument("--workers", type=int, default=None, help="default: one per usable core")
+    parser.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
+    add_arguments(parser)  # ServerConfig: lifetime, timeouts, connection limit; its batcher knobs too
+    args = parser.parse_args(argv)
+    server = from_arguments(args)
+    config = ProductionConfig(
+        runtime=args.runtime,
+        forward=args.forward,
+        encoder=args.encoder,
+        http=args.http,
+        loop=args.loop,
+        workers=args.workers,
+        max_batch_size=server.max_batch_size,
+        max_queue_delay_ms=server.max_queue_delay_ms,
+        max_queue_size=server.max_queue_size,
+    )
+    return args, config, server
+
+
+def _serve(
+    sock: socket.socket, args: argparse.Namespace, config: ProductionConfig, server: ServerConfig
+) -> None:
+    app = create_production_app(config, body_timeout_s=server.body_timeout_s)
+    folder = os.environ.get(READY_DIR_ENV)
+    if folder is not None:
+        worker_ready_path(folder, os.getpid()).touch()
+    serve_app(app, port=args.port, config=server, http=config.http, loop=config.loop, sock=sock)
+
+
+def _stop_all(workers: list[subprocess.Popen], grace_s: float) -> None:
+    for proc in workers:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in workers:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _supervise(sock: socket.socket, argv: Sequence[str], n_workers: int, server: ServerConfig) -> int:
+    parent_pid = int(os.environ.get(PARENT_PID_ENV, os.getppid()))
+    stopping = [False]
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping[0] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with tempfile.TemporaryDirectory(prefix="course-production-") as ready_dir:
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), READY_DIR_ENV: ready_dir}
+        cmd = [sys.executable, "-m", "course_lib.serving.production", *argv, f"--worker-fd={sock.fileno()}"]
+        workers = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),), env=env) for _ in range(n_workers)]
+        code = 0
+        try:
+            while not stopping[0]:
+                if os.getppid() != parent_pid:
+                    print(f"production supervisor: parent {parent_pid} is gone; stopping", file=sys.stderr)
+                    break
+                gone = [p for p in workers if p.poll() is not None]
+                if gone:
+                    code = gone[0].returncode
+                    if code:
+                        print(
+                            f"production supervisor: worker {gone[0].pid} exited with {code}", file=sys.stderr
+                        )
+                    break
+                time.sleep(server.parent_check_s)
+        finally:
+            _stop_all(workers, server.graceful_shutdown_s + 5.0)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the production churn app on 127.0.0.1 (see the module docstring); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, config, server = parse_arguments(argv)
+    if args.worker_fd is not None:  # a worker of a supervisor: serve on the inherited socket
+        _serve(socket.socket(fileno=args.worker_fd), args, config, server)
+        return 0
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK_HOST, args.port))
+    sock.listen(_BACKLOG)
+    sock.set_inheritable(True)
+    if config.n_workers == 1:
+        _serve(sock, args, config, server)
+        return 0
+    return _supervise(sock, argv, config.n_workers, server)

@@ -1,0 +1,280 @@
+"""The service waterfall: ladders, the interleaved climb, knees, lever intervals, the record, k6's summary,
+and a smoke run of the benchmark's code against real servers (production and its null endpoint)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from course_lib.core.checks import InvalidArgumentError
+from course_lib.measure.loadgen import LoadResult
+from course_lib.measure.waterfall import (
+    K6Result,
+    WaterfallStep,
+    geometric_ladder,
+    interleaved_climb,
+    knees,
+    lever_table,
+    lever_verdict,
+    load_waterfall,
+    parse_k6_summary,
+    rung_duration_s,
+    save_waterfall,
+)
+
+
+def fake_result(
+    rate: float, n: int, latency_ms: float, *, lag_ms: float = 0.1, failed: int = 0
+) -> LoadResult:
+    """A LoadResult of n requests at ``rate`` whose slowest 2 % take ``latency_ms`` (the rest 1 ms)."""
+    lat = np.ones(n)
+    lat[: max(1, n // 50)] = latency_ms
+    ok = np.ones(n, dtype=bool)
+    ok[:failed] = False
+    frame = pd.DataFrame(
+        {
+            "request_id": np.arange(n),
+            "scheduled_ms": np.arange(n) * 1000.0 / rate,
+            "lag_ms": np.full(n, lag_ms),
+            "latency_ms": np.where(ok, lat, np.nan),
+            "ok": ok,
+            "outcome": np.where(ok, "ok", "error"),
+            "error": np.where(ok, "", "boom"),
+        }
+    )
+    return LoadResult(frame, rate_rps=rate, planned=n, wall_s=n / rate)
+
+
+def capacity_runner(capacity: dict[str, float], calls: list, *, n: int = 1000, flaky: set | None = None):
+    """run_step for steps that meet a 100 ms p99 below their capacity (``flaky``: (step, rate) missing once)."""
+    flaky = set(flaky or ())
+
+    def run(step: str, rate: float) -> LoadResult:
+        calls.append((step, rate))
+        if (step, rate) in flaky:
+            flaky.discard((step, rate))
+            return fake_result(rate, n, 500.0)
+        return fake_result(rate, n, 20.0 if rate <= capacity[step] else 500.0)
+
+    return run
+
+
+def test_ladder_and_rung_size():
+    assert geometric_ladder(100, 400, ratio=2) == [100.0, 200.0, 400.0]
+    ladder = geometric_ladder(20, 8000)
+    assert ladder[0] == 20 and ladder[-1] >= 8000
+    assert all(1.17 < b / a < 1.21 for a, b in itertools.pairwise(ladder))
+    assert rung_duration_s(25) == pytest.approx((1000 + 3 * 1000**0.5) / 25)  # >= 1,000 requests at 25 req/s
+    assert rung_duration_s(5000, min_duration_s=1.5) == 1.5
+    with pytest.raises(InvalidArgumentError, match="rate_rps"):
+        rung_duration_s(0)
+    with pytest.raises(ValueError, match="ratio"):
+        geometric_ladder(1, 10, ratio=1.0)
+
+
+def test_interleaved_climb_takes_turns_retries_once_and_stops_each_step_at_its_miss():
+    calls: list = []
+    run = capacity_runner({"A": 100, "B": 300}, calls, flaky={("B", 140.0)})
+    rows = interleaved_climb(run, ["A", "B"], [50, 70, 100, 140, 200, 280, 400], p99_limit_ms=100.0)
+    assert calls[:4] == [("A", 50.0), ("B", 50.0), ("A", 70.0), ("B", 70.0)]  # turns at every rung
+    retried = rows[(rows["step"] == "B") & (rows["rate_rps"] == 140)]
+    assert list(retried["attempt"]) == [1, 2] and list(retried["met"]) == [False, True]
+    a_rows = rows[rows["step"] == "A"]
+    assert (
+        a_rows["rate_rps"].max() == 140 and len(a_rows[a_rows["rate_rps"] == 140]) == 2
+    )  # missed twice, stopped
+    k = knees(rows).set_index("step")
+    assert k.loc["A", "knee_rps"] == 100 and k.loc["A", "first_fail_rps"] == 140
+    assert k.loc["B", "knee_rps"] == 280 and k.loc["B", "first_fail_rps"] == 400
+    assert not k["generator_bound"].any()
+
+
+def test_climb_rotates_order_respects_starts_and_needs_enough_requests_and_a_punctual_generator():
+    calls: list = []
+    run = capacity_runner({"A": 1000, "B": 1000}, calls)
+    interleaved_climb(run, ["A", "B"], [50, 100], p99_limit_ms=100.0, repeat=1, start_rps={"A": 100})
+    assert calls == [("B", 50.0), ("B", 100.0), ("A", 100.0)]
+    few = interleaved_climb(
+        lambda s, r: fake_result(r, 200, 5.0), ["A"], [50, 100], p99_limit_ms=100.0, min_requests=1000
+    )
+    assert not few["met"].any() and not few["enough_requests"].any()
+    late_but_fast = interleaved_climb(
+        lambda s, r: fake_result(r, 2000, 5.0, lag_ms=3.0), ["A"], [50], p99_limit_ms=100.0
+    )
+    assert late_but_fast["met"].all()  # latency counts the lag already: met despite it
+    late_and_slow = interleaved_climb(
+        lambda s, r: fake_result(r, 2000, 500.0, lag_ms=300.0), ["A"], [50], p99_limit_ms=100.0
+    )
+    k = knees(late_and_slow).iloc[0]
+    assert k["knee_rps"] == 0 and k["generator_bound"]
+    with pytest.raises(ValueError, match="steps"):
+        interleaved_climb(run, [], [50], p99_limit_ms=100.0)
+
+
+def test_lever_verdict_only_when_the_interval_excludes_one():
+    assert lever_verdict(1.01, 2.0) == "gain"
+    assert lever_verdict(0.2, 0.99) == "loss"
+    assert lever_verdict(1.0, 2.0) == "not resolved"  # touching 1 is not excluding it
+    assert lever_verdict(0.5, 1.0) == "not resolved"
+
+
+def knee_frame(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["repeat", "step", "knee_rps", "first_fail_rps", "generator_bound"])
+
+
+STEPS = [
+    WaterfallStep("proto", "p", "/score", None, "the start"),
+    WaterfallStep("fast", "f", "/score", "proto", "a big lever"),
+    WaterfallStep("same", "s", "/score", "fast", "a lever within one rung"),
+]
+
+
+def test_lever_table_interval_over_repeats():
+    table = lever_table(
+        STEPS,
+        knee_frame(
+            [
+                (0, "proto", 50, 70, False),
+                (1, "proto", 70, 100, False),
+                (2, "proto", 50, 70, False),
+                (0, "fast", 800, 1000, False),
+                (1, "fast", 1000, 1200, False),
+                (2, "fast", 800, 1000, False),
+                (0, "same", 1000, 1200, False),
+                (1, "same", 800, 1000, False),
+                (2, "same", 800, 1000, False),
+            ]
+        ),
+    )
+    fast = table.loc["fast"]
+    assert fast["knee_rps"] == [800, 1000, 800] and fast["median_knee_rps"] == 800
+    assert fast["ratio_to_base"] == 800 / 50
+    assert fast["ratio_low"] == pytest.approx(min(800 / 70, 1000 / 100, 800 / 70))
+    assert fast["ratio_high"] == pytest.approx(max(1000 / 50, 1200 / 70, 1000 / 50))
+    assert fast["verdict"] == "gain"
+    assert table.loc["same", "verdict"] == "not resolved"
+    assert table.loc["proto", "verdict"] == "" and math.isnan(table.loc["proto", "ratio_low"])
+
+
+def test_an_open_end_stays_open_and_a_base_without_a_knee_gives_no_lower_bound():
+    table = lever_table(
+        STEPS[:2],
+        knee_frame([(0, "proto", 0, 25, False), (0, "fast", 800, math.nan, False)]),
+    )
+    fast = table.loc["fast"]
+    assert fast["ratio_low"] == 800 / 25 and math.isinf(fast["ratio_high"]) and fast["verdict"] == "gain"
+    assert math.isnan(fast["ratio_to_base"])
+
+
+def test_the_recorded_waterfall_and_peers_read_back():
+    from course_lib.measure.waterfall import FLOOR_STEP, PRODUCTION_STEP, PROTOTYPE_STEP, load_peers
+
+    record = load_waterfall()
+    assert {PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP} <= set(record.configs.index)
+    assert record.prototype_rps == record.configs.loc[PROTOTYPE_STEP, "median_knee_rps"] >= 0
+    assert set(record.configs["verdict"]) <= {"", "gain", "loss", "not resolved"}
+    peers = load_peers()
+    assert peers.meta["production"] in peers.configs.index and "bentoml" in peers.versions
+
+
+def test_record_round_trip(tmp_path):
+    table = lever_table(
+        STEPS[:2], knee_frame([(0, "proto", 50, 70, False), (0, "fast", 800, math.nan, False)])
+    ).assign(handle_ms=[9.0, 0.1], ceiling_rps=[111.0, 20000.0], workers=[1, 2])
+    path = save_waterfall(
+        table,
+        tmp_path / "w.json",
+        floor_step="fast",
+        prototype_step="proto",
+        production_step="fast",
+        generator="fake",
+        repeats=1,
+        min_requests=1000,
+        p99_limit_ms=100.0,
+    )
+    record = load_waterfall(path)
+    assert record.prototype_rps == 50 and record.floor_rps == 800 and record.production_rps == 800
+    assert record.configs.loc["fast", "knee_rps"] == [800.0]
+    assert math.isnan(record.configs.loc["fast", "ratio_high"])  # inf is stored as null: an open end
+    assert "1 repeats" in record.provenance() and "fake" in record.provenance()
+    with pytest.raises(FileNotFoundError, match=r"service_waterfall\.py"):
+        load_waterfall(tmp_path / "missing.json")
+
+
+def test_parse_k6_summary_reads_trends_and_counts_dropped():
+    summary = {
+        "metrics": {
+            "http_req_duration": {
+                "values": {"p(50)": 1.5, "p(90)": 2.0, "p(95)": 2.5, "p(99)": 9.0, "max": 12.0}
+            },
+            "http_reqs": {"values": {"count": 990, "rate": 198.0}},
+            "iterations": {"values": {"count": 990}},
+            "dropped_iterations": {"values": {"count": 10}},
+            "http_req_failed": {"values": {"rate": 0.0}},
+            "vus_max": {"values": {"value": 50}},
+        }
+    }
+    r = parse_k6_summary(summary, rate_rps=200, duration_s=5)
+    assert isinstance(r, K6Result) and r.p99_ms == 9.0 and r.dropped_iterations == 10 and r.requests == 990
+    assert not r.met_slo(100.0)  # dropped iterations fail the SLO
+    del summary["metrics"]["dropped_iterations"]
+    assert parse_k6_summary(summary, rate_rps=200, duration_s=5).met_slo(100.0)
+    with pytest.raises(ValueError, match="no request"):
+        parse_k6_summary({"metrics": {}}, rate_rps=1, duration_s=1)
+
+
+@pytest.mark.timeout(300)
+def test_smoke_run_of_the_benchmark_code_against_the_real_production_server(tmp_path):
+    from course_lib.measure.waterfall import FLOOR_STEP, PRODUCTION_STEP, WATERFALL, run_waterfall
+
+    steps = [s for s in WATERFALL if s.name in (PRODUCTION_STEP, FLOOR_STEP)]
+    run = run_waterfall(
+        steps,
+        repeats=1,
+        min_requests=60,
+        min_duration_s=0.3,
+        ladder_rps=[100, 200],
+        start_rps={PRODUCTION_STEP: 100, FLOOR_STEP: 100},
+        k6_step=PRODUCTION_STEP,
+        lifetime_s=240,
+    )
+    assert set(run.table.index) == {PRODUCTION_STEP, FLOOR_STEP}
+    assert (run.runs["sent"] >= 1).all() and (run.knees["knee_rps"] >= 0).all()
+    assert run.table.loc[PRODUCTION_STEP, "handle_ms"] > 0 and run.table.loc[FLOOR_STEP, "handle_ms"] == 0
+    assert set(run.tools["tool"]) == {"course generator", "k6"}
+    assert run.server_stats["production"]["forward"] == "loop"  # ONNX Runtime's call is cheap enough
+    path = save_waterfall(run.table, tmp_path / "w.json", floor_step=FLOOR_STEP, prototype_step=PRODUCTION_STEP,
+                          production_step=PRODUCTION_STEP, generator="smoke", **run.settings)  # fmt: skip
+    assert load_waterfall(path).floor_rps == run.table.loc[FLOOR_STEP, "median_knee_rps"]
+
+
+def test_a_peer_and_every_process_it_forks_stop_with_its_launcher(tmp_path):
+    """The peers' launcher takes the whole process group down (a LitServe-like peer forks a worker)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from course_lib.core.waiting import wait_until
+    from course_lib.measure.waterfall import PeerSpec, peer_command
+
+    script = tmp_path / "peer.py"
+    script.write_text(
+        "import multiprocessing, time\n"
+        "def work():\n    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.Process(target=work).start()\n    time.sleep(120)\n"
+    )
+    spec = PeerSpec("fake", "fake", (str(script),), "/score", "/healthz")
+    launcher = subprocess.Popen(peer_command(spec, sys.executable, workers=1))
+    tree = psutil.Process(launcher.pid)
+    wait_until(lambda: len(tree.children(recursive=True)) >= 2, timeout_s=30, what="the peer and its worker")
+    processes = tree.children(recursive=True)
+    launcher.terminate()
+    launcher.wait(timeout=30)
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    assert not alive
