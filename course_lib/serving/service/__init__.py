@@ -15,6 +15,7 @@ from __future__ import annotations
 from course_lib.serving.service._app import (
     AppCounters,
     ClientGoneError,
+    DeadlineExceededError,
     cancel_on_disconnect,
     create_app,
     is_json_content_type,
@@ -49,6 +50,7 @@ __all__ = [
     "ChurnClient",
     "ChurnService",
     "ClientGoneError",
+    "DeadlineExceededError",
     "JSONRefusedError",
     "RequestError",
     "ScoreRequest",
