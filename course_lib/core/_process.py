@@ -349,25 +349,40 @@ def _guard(argv: Sequence[str] | None = None) -> int:
     child = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL)
     )
-    done = threading.Lock()
+    lock, done = threading.Lock(), []
 
     def finish() -> None:
-        if not done.acquire(blocking=False):
-            return
-        stop_process(child, args.stop_timeout_s, group=False)
-        for folder in args.remove:
-            shutil.rmtree(folder, ignore_errors=True)
+        """Stop the command and remove the folders, once (the main thread or the watchdog)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in _GUARD_SIGNALS:  # nothing may interrupt the cleanup now
+                signal.signal(sig, signal.SIG_IGN)
+        with lock:
+            if not done:
+                stop_process(child, args.stop_timeout_s, group=False)
+                for folder in args.remove:
+                    shutil.rmtree(folder, ignore_errors=True)
+                done.append(True)
 
     def on_signal(signum: int, _frame: object) -> None:
-        finish()
-        os._exit(128 + signum)
+        raise _GuardStopError(signum)  # out of child.wait() (never wait again inside a signal handler)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in _GUARD_SIGNALS:
         signal.signal(sig, on_signal)
-    exit_with_parent(args.parent_pid or None, on_exit=finish, deathsig=signal.SIGTERM, exit_code=1)
-    code = child.wait()
+    try:
+        exit_with_parent(args.parent_pid or None, on_exit=finish, deathsig=signal.SIGTERM, exit_code=1)
+        code = child.wait()
+    except _GuardStopError as stop:
+        finish()
+        return 128 + int(stop.args[0])
     finish()
     return code if code >= 0 else 128 - code
+
+
+class _GuardStopError(Exception):
+    """A stop signal reached the guard."""
+
+
+_GUARD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ __all__ = [
     "canary_day",
     "drift",
     "hpa_manifest",
+    "http_metrics",
     "model_pool",
     "monitored_service",
     "prom_quantile",

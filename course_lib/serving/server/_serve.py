@@ -32,6 +32,7 @@ import resource
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -133,13 +134,18 @@ def _set_open_file_limit(config: ServerConfig) -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, writing the readiness line once it listens."""
+    """uvicorn's server, writing the readiness line (and starting ``on_started``) once it listens."""
 
     ready_fd: int | None = None
+    on_started: Callable[[], None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
-        if self.started and self.ready_fd is not None:
+        if not self.started:
+            return
+        if self.on_started is not None:
+            threading.Thread(target=self.on_started, name="on-started", daemon=True).start()
+        if self.ready_fd is not None:
             os.write(self.ready_fd, f"{os.getpid()}\n".encode())
             os.close(self.ready_fd)
             self.ready_fd = None
@@ -154,7 +160,14 @@ def _exit_soon(reason: str, grace_s: float) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def serve_app(app: Any, *, port: int, config: ServerConfig = DEFAULTS) -> None:
+def serve_app(
+    app: Any,
+    *,
+    port: int,
+    config: ServerConfig = DEFAULTS,
+    sock: socket.socket | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> None:
     """Serve ``app`` on 127.0.0.1:``port`` in this process until SIGTERM, the lifetime, or the parent's death.
 
     For the ``main()`` of a server subprocess started by ``run_processes``. Blocks.
@@ -169,6 +182,11 @@ def serve_app(app: Any, *, port: int, config: ServerConfig = DEFAULTS) -> None:
         ``graceful_shutdown_s`` (after SIGTERM, requests in flight get this long; the process is
         killed ``graceful_shutdown_s + 5`` s after the stop began at the latest), ``parent_check_s``
         and ``open_files_limit``.
+    sock : socket, optional
+        An already bound socket (``listening_socket``) instead of ``port``, for a server that must
+        know its port before it serves (a replica reports it).
+    on_started : callable, optional
+        Run in a daemon thread once the server accepts connections (a warm-up, say).
 
     Raises
     ------
@@ -191,8 +209,10 @@ def serve_app(app: Any, *, port: int, config: ServerConfig = DEFAULTS) -> None:
     )
     lifetime.daemon = True
     lifetime.start()
-    sock = listening_socket(port, reuse_port=os.environ.get(REUSE_PORT_ENV) == "1")
+    if sock is None:
+        sock = listening_socket(port, reuse_port=os.environ.get(REUSE_PORT_ENV) == "1")
     server = _Server(uvicorn_config(app, config))
     ready_fd = os.environ.get(READY_FD_ENV)
     server.ready_fd = int(ready_fd) if ready_fd else None
+    server.on_started = on_started
     server.run(sockets=[sock])
