@@ -210,7 +210,8 @@ def create_app(
     -------
     fastapi.FastAPI
         Every answer of ``/score`` carries ``Server-Timing: parse;dur=.., lookup;dur=.., ...``.
-        ``GET /healthz`` answers ``{"status": "ok", "model_version": ...}`` (readiness);
+        ``GET /healthz`` answers 200 ``{"status": "ok", "model_version": ...}`` (readiness;
+        ``"degraded"``, still 200, while ``service.health()`` says so: a cache that fails open);
         ``GET /stats`` the ``AppCounters``. ``app.state.counters`` holds them; ``app.state.handle``
         is the request runner that endpoints added later share (body, disconnects, errors).
     """
@@ -262,8 +263,8 @@ def create_app(
         return await handle(request, run=score_body)
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "model_version": service.model_version}
+    async def healthz() -> dict[str, object]:
+        return {**service.health(), "model_version": service.model_version}
 
     @app.get("/stats")
     async def stats() -> dict[str, object]:

@@ -242,6 +242,11 @@ class ChurnService:
         self.lookup_mode = lookup_mode
         self.runtime = runtime
 
+    def health(self) -> dict[str, object]:
+        """What ``GET /healthz`` reports besides the model version: ``{"status": "ok"}`` here; a
+        service with a dependency that can fail (a cache) says ``"degraded"`` while it serves without it."""
+        return {"status": "ok"}
+
     # -- stages -------------------------------------------------------------------------------
     def parse(self, body: bytes) -> ScoreRequest:
         """Stage 2: decode and validate the JSON body.
