@@ -7,8 +7,8 @@ format, each timed into ``Server-Timing``), except that the forward stage submit
 features to a dynamic batcher, which scores many concurrent requests in one model call. The answer
 is the Lesson 2 answer plus how the request was served: ``queue_wait_ms``, ``service_ms`` (the
 model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplicated`` and ``trigger``.
-A full queue answers 503 with ``Retry-After`` before any of the request's work starts; the server
-keeps serving. In front of it, the server runtime's door bounds the requests in flight
+A full queue answers 503 with ``Retry-After`` before the model sees the request (parse and lookup
+take microseconds); the server keeps serving. In front of it, the server runtime's door bounds the requests in flight
 (``max_in_flight``) and drops requests whose client left or whose deadline passed.
 
 ``run_server`` (one) and ``run_servers`` (several, started together) run such servers in
@@ -245,8 +245,6 @@ def create_batched_app(
         )
 
     async def predict_body(body: bytes) -> Response:
-        if batcher.queue_len >= batcher.max_queue_size:
-            return queue_full()  # before any of the request's work (parse, lookup)
         served: list[BatchedResult] = []
 
         async def batched_forward(records: list[dict[str, object]]) -> list[object]:
