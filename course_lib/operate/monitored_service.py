@@ -54,12 +54,14 @@ from prometheus_client.core import CounterMetricFamily
 
 from course_lib.operate.http_metrics import DoorCollector
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S
-from course_lib.serving.server import DoorCounters, client_gone, door_counters
+from course_lib.serving.server import DoorCounters, door_counters
 from course_lib.serving.service import (
     ChurnService,
     ClientGoneError,
+    DeadlineExceededError,
     RequestError,
     ServiceResponse,
+    check_still_wanted,
     read_json_body,
 )
 
@@ -366,10 +368,12 @@ def create_monitored_app(service: VersionedChurnService) -> FastAPI:
     async def score(request: Request) -> Response:
         try:
             body = await read_json_body(request)
-            if client_gone():
-                raise ClientGoneError()
+            check_still_wanted()
         except ClientGoneError:
             return Response(status_code=499)  # nobody reads it; the door counts it as abandoned
+        except DeadlineExceededError:
+            err = RequestError(504, "deadline_exceeded", "the request's deadline passed before it was scored")
+            return Response(err.body(), status_code=504, media_type="application/json")
         except RequestError as err:
             return Response(err.body(), status_code=err.status_code, media_type="application/json")
         try:

@@ -70,6 +70,7 @@ from course_lib.serving.server import (
 from course_lib.serving.service import (
     ChurnService,
     RequestError,
+    check_still_wanted,
     create_app,
     native_forward,
     onnx_forward,
@@ -248,6 +249,7 @@ def create_batched_app(
         served: list[BatchedResult] = []
 
         async def batched_forward(records: list[dict[str, object]]) -> list[object]:
+            check_still_wanted()  # the client has not left and the deadline has not passed
             result = await batcher.submit(records[0])
             served.append(result)
             return [result.value]

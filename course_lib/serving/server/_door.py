@@ -8,8 +8,8 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
   declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
 * **admission**: at most ``max_in_flight`` requests of this process are in the app at once; one more
   is answered 503 with ``Retry-After`` at once (health and stats probes are never refused);
-* **clients that left**: the door yields to the event loop once and drops a request whose client has
-  already closed its connection (it never reaches the app);
+* **clients that left**: a request whose client has already closed its connection is dropped (it
+  never reaches the app; the app checks again right before its model call, ``client_gone``);
 * **deadlines**: ``x-request-timeout-ms: N`` (the client's own timeout) sets a deadline the app can
   read (:func:`request_deadline`); work past it is dropped and answered 504.
 
@@ -248,7 +248,6 @@ class Door:
         counters = self.counters
         counters.in_flight += 1
         try:
-            await asyncio.sleep(0)  # an end of stream already received is read in this loop pass
             if exchange.connection is not None and exchange.connection.client_gone():
                 counters.abandoned_at_door += 1
                 exchange.gone_at_answer = True

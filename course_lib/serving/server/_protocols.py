@@ -18,19 +18,22 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   connection is closed after the queued ones are answered (RFC 9112 section 9.3.2: a client retries
   unanswered pipelined requests on a new connection);
 * a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
-  object, whose :meth:`client_gone` says (without reading the request) whether the client has closed
-  its side, so work for a client that left can be dropped before it reaches the model. An end of
-  stream from the client counts as gone (as Go's ``net/http`` and nginx's 499 treat it).
+  object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
+  the client has closed its side, so work for a client that left can be dropped right before it
+  reaches the model. An end of stream from the client counts as gone (as Go's ``net/http`` and
+  nginx's 499 treat it).
 
 References
 ----------
 uvicorn source, ``uvicorn/protocols/http/h11_impl.py`` and ``httptools_impl.py`` (version pinned in
 requirements.lock): ``FlowControl``, ``pipeline``, ``on_response_complete``. RFC 9112 section 9.3.2.
+Linux ``recv(2)`` (``MSG_PEEK``, ``MSG_DONTWAIT``: 0 bytes means the peer shut down its side).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -97,8 +100,27 @@ class _Guard:
 
     # -- what the app may ask -------------------------------------------------------------------
     def client_gone(self) -> bool:
-        """True once the client closed (or reset) its side of the connection."""
-        return self._eof or self.transport is None or self.transport.is_closing()
+        """True once the client closed (or reset) its side of the connection.
+
+        Asks the kernel (``recv(MSG_PEEK | MSG_DONTWAIT)`` on the connection's own descriptor), so an
+        end of stream that arrived while the event loop was busy is seen at once, not a loop pass
+        later: a request whose client left during another request's model call is not scored.
+        """
+        if self._eof or self.transport is None or self.transport.is_closing():
+            return True
+        raw = self.transport.get_extra_info("socket")
+        fd = raw.fileno() if raw is not None else -1
+        if fd < 0:
+            return True
+        probe = socket.socket(fileno=fd)  # the same descriptor, no dup; detached below, never closed
+        try:
+            return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False  # nothing pending: the client is there, waiting
+        except OSError:
+            return True  # reset
+        finally:
+            probe.detach()
 
     # -- state ------------------------------------------------------------------------------------
     def _idle(self) -> bool:

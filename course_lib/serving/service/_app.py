@@ -32,7 +32,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -58,6 +58,7 @@ __all__ = [
     "ClientGoneError",
     "DeadlineExceededError",
     "cancel_on_disconnect",
+    "check_still_wanted",
     "create_app",
     "is_json_content_type",
     "read_json_body",
@@ -152,6 +153,21 @@ async def read_json_body(request: Request, *, body_timeout_s: float = DEFAULTS.b
     return b"".join(chunks)
 
 
+def check_still_wanted() -> None:
+    """Raise if the current request's client has gone or its deadline has passed: the last check
+    before the model (the runtime's door answers; outside it nothing is ever raised).
+
+    Raises
+    ------
+    ClientGoneError, DeadlineExceededError
+    """
+    if client_gone():
+        raise ClientGoneError()
+    deadline = request_deadline()
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+        raise DeadlineExceededError()
+
+
 async def _disconnected(request: Request) -> None:
     """Return when the client has gone (the ASGI server sends ``http.disconnect``)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -225,11 +241,7 @@ def create_app(
         """Read the body, run ``run(body)`` until done or the client leaves, map failures to 4xx/5xx."""
         try:
             body = await read_json_body(request, body_timeout_s=body_timeout_s)
-            if client_gone():
-                raise ClientGoneError()
-            deadline = request_deadline()
-            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
-                raise DeadlineExceededError()
+            check_still_wanted()
             return await cancel_on_disconnect(request, run(body))
         except ClientGoneError:
             counters.client_disconnects += 1
@@ -254,8 +266,14 @@ def create_app(
 
     app.state.handle = handle
 
+    async def model(records: list[dict[str, object]]) -> Any:
+        """The model stage behind the last check (a synchronous forward still runs inline, no thread)."""
+        check_still_wanted()
+        forward = app.state.forward
+        return await forward(records) if forward is not None else service.forward(records)
+
     async def score_body(body: bytes) -> Response:
-        result = await service.handle_async(body, forward=app.state.forward)
+        result = await service.handle_async(body, forward=model)
         return Response(result.body, status_code=result.status_code, headers=result.headers)
 
     @app.post("/score")
