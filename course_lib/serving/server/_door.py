@@ -6,8 +6,10 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
 * **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), no ``Content-Encoding``
   other than ``identity`` (415: nothing here decodes gzip, so it would be scored as garbage), a
   declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
-* **admission**: at most ``max_in_flight`` requests of this process are in the app at once; one more
-  is answered 503 with ``Retry-After`` at once (health and stats probes are never refused);
+* **admission**: at most ``max_in_flight`` requests of this process are admitted at once (counted
+  from the door to their last byte, across at least one event-loop pass, so requests that arrived
+  together are counted together even when the app's handler never yields); one more is answered 503
+  with ``Retry-After`` at once, oldest admitted first (health and stats probes are never refused);
 * **clients that left**: a request whose client has already closed its connection is dropped (it
   never reaches the app; the app checks again right before its model call, ``client_gone``);
 * **deadlines**: ``x-request-timeout-ms: N`` (the client's own timeout) sets a deadline the app can
@@ -248,6 +250,10 @@ class Door:
         counters = self.counters
         counters.in_flight += 1
         try:
+            # Yield once: requests read together are admitted together. A handler that never yields
+            # (a model called on the event loop) would otherwise finish each request before the next
+            # is counted, the count would never pass 1, and the queue would grow unseen.
+            await asyncio.sleep(0)
             if exchange.connection is not None and exchange.connection.client_gone():
                 counters.abandoned_at_door += 1
                 exchange.gone_at_answer = True
