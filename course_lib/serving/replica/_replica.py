@@ -144,14 +144,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     sock = listening_socket(0)
     port = sock.getsockname()[1]
 
-    def warm_up() -> None:
+    def started() -> None:
+        print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)  # it listens now
+        os.dup2(2, 1)  # from now on stdout goes to the log too: the parent stops reading its pipe
         if config.warmup_requests:
             ids = store.sample_ids(config.warmup_requests, seed=config.seed + 1)
             _warm_up(f"http://127.0.0.1:{port}", ids, app)
 
-    print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)
-    os.dup2(2, 1)  # from now on stdout goes to the log too: the parent stops reading its pipe
-    serve_app(app, port=port, config=server_config, sock=sock, on_started=warm_up)
+    serve_app(app, port=port, config=server_config, sock=sock, on_started=started)
 
 
 @dataclass

@@ -19,9 +19,12 @@ Where the defaults come from
   default idle time between requests on one connection.
 * ``max_connections`` 512: at most this many open connections; a new one beyond it evicts an idle
   connection (or is closed if every connection has a request in flight), so idle sockets can never
-  exhaust the usual 1,024 open-file limit and lock everyone out. ``open_files_limit`` 0 leaves the
-  process's limit as it is (raised if it is below ``max_connections`` + 256); a number sets it (tests
-  lower it to show that the connection limit keeps the server reachable).
+  exhaust the usual 1,024 open-file limit and lock everyone out. ``backlog`` 128 (Linux's classic
+  ``somaxconn``): the listen queue, and the most connections asyncio accepts in one go before any
+  of them is handled (uvicorn's 2,048 would open that many files at once and hit the limit).
+  ``open_files_limit`` 0 leaves the process's limit as it is (raised if it is below
+  ``files_needed`` = ``max_connections`` + 3 x ``backlog`` + 64: an eviction frees its file a
+  loop pass later); a number sets it (tests lower it to show that the server stays reachable).
 * ``max_in_flight`` 128: requests admitted at once per process; one more is answered 503 with
   ``Retry-After: retry_after_s`` (1 s) before any of its work starts. 128 requests of a millisecond
   each are a 128 ms queue: well inside Lesson 2's SLO, so a full door means overload, not a burst.
@@ -92,6 +95,7 @@ class ServerConfig:
     body_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 512
+    backlog: int = 128
     open_files_limit: int = 0
     max_in_flight: int = 128
     retry_after_s: int = 1
@@ -111,15 +115,20 @@ class ServerConfig:
         integer("open_files_limit", self.open_files_limit, min=0)
         one_of("http", self.http, HTTP_PARSERS)
         one_of("loop", self.loop, EVENT_LOOPS)
-        if self.open_files_limit and self.open_files_limit < self.max_connections + _SPARE_FILES:
+        if self.open_files_limit and self.open_files_limit < self.files_needed:
             raise InvalidArgumentError(
-                f"open_files_limit must be 0 or >= max_connections + {_SPARE_FILES} "
-                f"({self.max_connections + _SPARE_FILES}), got {self.open_files_limit!r}"
+                f"open_files_limit must be 0 or >= max_connections + 3 x backlog + {_SPARE_FILES} "
+                f"({self.files_needed}), got {self.open_files_limit!r}"
             )
         if self.max_drain_bytes < self.max_body_bytes:
             raise InvalidArgumentError(
                 f"max_drain_bytes must be >= max_body_bytes ({self.max_body_bytes}), got {self.max_drain_bytes!r}"
             )
+
+    @property
+    def files_needed(self) -> int:
+        """Open files a server may hold: its connections, up to three accept bursts still closing, spare."""
+        return self.max_connections + 3 * self.backlog + _SPARE_FILES
 
     def batcher_kwargs(self) -> dict[str, Any]:
         """The ``DynamicBatcher`` keyword arguments (``dedup`` stays a bool; the app turns it into a key)."""
@@ -150,6 +159,7 @@ _SECONDS = (
 )
 _COUNTS = (
     "max_connections",
+    "backlog",
     "max_in_flight",
     "retry_after_s",
     "max_pipeline_depth",

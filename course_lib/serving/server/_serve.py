@@ -56,8 +56,6 @@ __all__ = [
 READY_FD_ENV = "COURSE_SERVER_READY_FD"
 #: "1": bind the port with ``SO_REUSEPORT`` (several worker processes share it).
 REUSE_PORT_ENV = "COURSE_SERVER_REUSE_PORT"
-#: Open files a server needs beside its connections.
-_SPARE_FILES = 256
 _log = logging.getLogger(__name__)
 
 
@@ -97,6 +95,7 @@ def uvicorn_config(
         server_header=False,
         proxy_headers=False,  # a loopback client could otherwise claim any address in X-Forwarded-For
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        backlog=config.backlog,
         timeout_keep_alive=max(1, round(config.keep_alive_s)),
         timeout_graceful_shutdown=max(1, round(config.graceful_shutdown_s)),
     )
@@ -124,8 +123,8 @@ def _set_open_file_limit(config: ServerConfig) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if config.open_files_limit:
         target = config.open_files_limit
-    elif soft != resource.RLIM_INFINITY and soft < config.max_connections + _SPARE_FILES:
-        target = config.max_connections + _SPARE_FILES
+    elif soft != resource.RLIM_INFINITY and soft < config.files_needed:
+        target = config.files_needed
     else:
         return
     if hard != resource.RLIM_INFINITY:
