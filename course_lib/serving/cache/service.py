@@ -259,6 +259,7 @@ class CachedChurnService(ChurnService):
         self.cache = cache
         self.key_model_version = bool(key_model_version)
         self.cache_counters = CacheCounters()
+        self._last_call_failed = False
         self.breaker = pybreaker.CircuitBreaker(
             fail_max=integer("breaker_fail_max", breaker_fail_max, min=1),
             reset_timeout=positive_number("breaker_reset_s", breaker_reset_s),
@@ -267,22 +268,29 @@ class CachedChurnService(ChurnService):
         )
 
     def health(self) -> dict[str, Any]:
-        """``{"status": "ok" | "degraded", "cache": {...}}``: degraded while the cache's breaker is not closed."""
+        """``{"status": "ok" | "degraded", "cache": {...}}``: degraded while the cache's breaker is not
+        closed or its last call failed (a Redis that fails fast, e.g. out of memory, never opens it)."""
         state = self.breaker.current_state
-        return {
-            "status": "ok" if state == pybreaker.STATE_CLOSED else "degraded",
-            "cache": {"breaker": state, **self.cache_counters.as_dict()},
-        }
+        cache: dict[str, Any] = {"breaker": state, **self.cache_counters.as_dict()}
+        if hasattr(self.cache, "rejected"):  # values written by someone else (no valid HMAC)
+            cache["rejected"] = self.cache.rejected
+        ok = state == pybreaker.STATE_CLOSED and not self._last_call_failed
+        return {"status": "ok" if ok else "degraded", "cache": cache}
 
     def _cache_call(self, call: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         """``(worked, result)`` of one cache call through the breaker; a failure is counted, never raised."""
         try:
-            return True, self.breaker.call(call, *args)
-        except pybreaker.CircuitBreakerError:
-            return False, None  # open: the cache is not even tried
+            result = self.breaker.call(call, *args)
+        except pybreaker.CircuitBreakerError as exc:  # open (the call was skipped) or just tripped
+            self._last_call_failed = self._last_call_failed or exc.__context__ is not None
+            self.cache_counters.errors += exc.__context__ is not None
+            return False, None
         except Exception:  # a failing cache must not fail the request (fail open)
             self.cache_counters.errors += 1
+            self._last_call_failed = True
             return False, None
+        self._last_call_failed = False
+        return True, result
 
     @property
     def feature_snapshot(self) -> str:

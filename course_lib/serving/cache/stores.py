@@ -328,6 +328,11 @@ class RedisPredictionCache(PredictionCache):
         self._hits = self._misses = self._sets = self._rejected = 0
         self._server_base = self._server_counters()
 
+    @property
+    def rejected(self) -> int:
+        """Values refused because their HMAC was not ours, since creation or the last reset."""
+        return self._rejected
+
     def _mac(self, name: str, text: str) -> str:
         return hmac.new(self._secret, f"{name}\x00{text}".encode(), hashlib.sha256).hexdigest()
 
