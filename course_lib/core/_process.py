@@ -349,7 +349,7 @@ def _guard(argv: Sequence[str] | None = None) -> int:
     child = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL)
     )
-    lock, done = threading.Lock(), []
+    lock, done = threading.Lock(), list[bool]()
 
     def finish() -> None:
         """Stop the command and remove the folders, once (the main thread or the watchdog)."""

@@ -372,8 +372,10 @@ def create_monitored_app(service: VersionedChurnService) -> FastAPI:
         except ClientGoneError:
             return Response(status_code=499)  # nobody reads it; the door counts it as abandoned
         except DeadlineExceededError:
-            err = RequestError(504, "deadline_exceeded", "the request's deadline passed before it was scored")
-            return Response(err.body(), status_code=504, media_type="application/json")
+            late = RequestError(
+                504, "deadline_exceeded", "the request's deadline passed before it was scored"
+            )
+            return Response(late.body(), status_code=504, media_type="application/json")
         except RequestError as err:
             return Response(err.body(), status_code=err.status_code, media_type="application/json")
         try:

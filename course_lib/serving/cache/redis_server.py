@@ -138,6 +138,7 @@ class RedisServer:
         if self.unix_socket:
             client = redis.Redis(unix_socket_path=self.unix_socket, **kwargs)
         else:
+            assert self.host is not None and self.port is not None  # a TCP server has both
             client = redis.Redis(host=self.host, port=self.port, **kwargs)
         self._clients.append(client)
         return client

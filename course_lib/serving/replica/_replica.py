@@ -250,11 +250,13 @@ def start_replica(
     child = start_child(cmd, name="replica", env={"PYTHONPATH": path}, stdout=subprocess.PIPE)
     deadline = time.monotonic() + startup_timeout_s
     line = b""
+    stdout = child.popen.stdout
+    assert stdout is not None  # started with stdout=PIPE
     while not line.endswith(b"\n"):
         remaining = deadline - time.monotonic()
-        ready, _, _ = select.select([child.popen.stdout], [], [], max(0.0, min(remaining, 0.2)))
+        ready, _, _ = select.select([stdout], [], [], max(0.0, min(remaining, 0.2)))
         if ready:
-            chunk = os.read(child.popen.stdout.fileno(), 1024)
+            chunk = os.read(stdout.fileno(), 1024)
             line += chunk
             if chunk:
                 continue

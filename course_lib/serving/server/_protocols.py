@@ -144,7 +144,7 @@ class _Guard:
             self.transport.close()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: Any) -> None:  # an asyncio.Transport
         super().connection_made(transport)  # type: ignore[misc]
         self.flow = _GuardedFlow(transport, self)
         self._opened_at = self.loop.time()
@@ -154,12 +154,12 @@ class _Guard:
             victim = min(idle, key=lambda c: c._opened_at) if idle else self
             victim.transport.close()
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
         self._eof = True
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # what connection_lost does, one loop pass earlier
             self.cycle.message_event.set()
-        return super().eof_received()  # type: ignore[misc]
+        super().eof_received()  # type: ignore[misc]  # None: asyncio closes the transport
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]

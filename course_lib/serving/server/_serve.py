@@ -33,7 +33,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -64,7 +64,7 @@ def uvicorn_config(
     config: ServerConfig = DEFAULTS,
     *,
     log_level: str = "warning",
-    lifespan: str = "auto",
+    lifespan: Literal["auto", "on", "off"] = "auto",
 ) -> uvicorn.Config:
     """The ``uvicorn.Config`` of every course server: ``app`` behind a ``Door``, the guarded protocol.
 
