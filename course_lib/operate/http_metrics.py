@@ -21,15 +21,13 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from course_lib.serving.server import LATENCY_BUCKETS_S, DoorCounters
+from course_lib.serving.server import LATENCY_BUCKETS_S, OUTCOMES, DoorCounters
 
 __all__ = ["DoorCollector"]
 
 
 class DoorCollector:
     """Exports the server door's counters: what the clients saw (see the module docstring)."""
-
-    OUTCOMES = ("ok", "shed", "expired", "client_errors", "server_errors", "abandoned")
 
     def __init__(self, counters: DoorCounters):
         self.counters = counters
@@ -41,7 +39,7 @@ class DoorCollector:
             "Requests by what their client saw, counted at the server's door",
             labels=["outcome"],
         )
-        for outcome in self.OUTCOMES:
+        for outcome in OUTCOMES:
             family.add_metric([outcome], float(getattr(c, outcome)))
         yield family
         cumulative, buckets = 0, []

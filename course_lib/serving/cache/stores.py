@@ -20,11 +20,10 @@ The key and the feature digest are :mod:`course_lib.serving.cache.key` (re-expor
   written with its own time-to-live, ``SET key value PX ttl_ms``). Several replicas can share it, at
   the price of a network round trip per lookup. Redis bounds memory, not entries: with
   ``maxmemory`` and ``allkeys-lru`` it evicts by an *approximate* LRU (it samples a few keys).
-  Every value carries an HMAC-SHA256 over its key and score with a secret of this cache object
-  (random per start unless replicas share one), so a value written by anyone else (another local
-  process, a stale deployment) is a miss, counted in ``rejected``, never an answer. Every call has a
-  short timeout (``timeout_s``) and no retry: a stalled or dead Redis fails fast, and
-  ``course_lib.serving.cache.service.CachedChurnService`` then scores without it.
+  Every value carries an HMAC-SHA256 over key and score with a per-start secret, so a value written
+  by anyone else is a miss (counted in ``rejected``), never an answer; every call has a short
+  timeout and no retry, so a stalled or dead Redis fails fast (``CachedChurnService`` then scores
+  without it).
 
 Counters add up: ``hits + misses == lookups`` for both backends.
 

@@ -8,6 +8,8 @@
   connection limit that evicts idle connections and a bounded pipeline;
 * ``_door``: ``Door``, the ASGI middleware in front of every app (Host and encoding checks, body
   limits, admission control with 503 + ``Retry-After``, deadlines, clients that left, outcome counters);
+* ``_request``: what an app may ask about its request (``client_gone``, ``request_deadline``,
+  ``body_refusal``) and the door's ``DoorCounters`` (``door_counters``);
 * ``_config``: ``ServerConfig``, every server and batcher default in one frozen record.
 """
 
@@ -23,11 +25,11 @@ from course_lib.serving.server._config import (
     split_config,
     to_argv,
 )
-from course_lib.serving.server._door import (
-    DEADLINE_HEADER,
+from course_lib.serving.server._door import DEADLINE_HEADER, PROBE_PATHS, Door
+from course_lib.serving.server._protocols import CONNECTION_EXTENSION, guarded_protocol
+from course_lib.serving.server._request import (
     LATENCY_BUCKETS_S,
-    PROBE_PATHS,
-    Door,
+    OUTCOMES,
     DoorCounters,
     Refusal,
     body_refusal,
@@ -35,7 +37,6 @@ from course_lib.serving.server._door import (
     door_counters,
     request_deadline,
 )
-from course_lib.serving.server._protocols import CONNECTION_EXTENSION, guarded_protocol
 from course_lib.serving.server._runners import (
     READY_PATH,
     RunningServer,
@@ -59,6 +60,7 @@ __all__ = [
     "HTTP_PARSERS",
     "LATENCY_BUCKETS_S",
     "LOOPBACK_HOST",
+    "OUTCOMES",
     "PARENT_PID_ENV",
     "PROBE_PATHS",
     "READY_PATH",

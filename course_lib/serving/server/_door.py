@@ -13,19 +13,20 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
 * **clients that left**: a request whose client has already closed its connection is dropped (it
   never reaches the app; the app checks again right before its model call, ``client_gone``);
 * **deadlines**: ``x-request-timeout-ms: N`` (the client's own timeout) sets a deadline the app can
-  read (:func:`request_deadline`); work past it is dropped and answered 504.
+  read (``request_deadline``); work past it is dropped and answered 504.
 
 While the app runs, the body is bounded in size and in time (``max_body_bytes``, ``body_timeout_s``
 from the end of the headers): past either, the app's ``receive`` reports a disconnect and the client
-gets 413 or 408 (:func:`body_refusal` tells the app which). An error answer to a body not yet read is
+gets 413 or 408 (``body_refusal`` tells the app which). An error answer to a body not yet read is
 sent after reading and discarding the rest (up to ``max_drain_bytes``), so the client can read it;
 error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retry-After``.
 
-:class:`DoorCounters` counts every request once by what its client saw: ``ok`` (2xx/3xx), ``shed``
+``DoorCounters`` counts every request once by what its client saw: ``ok`` (2xx/3xx), ``shed``
 (503), ``expired`` (504), ``client_errors`` (other 4xx), ``server_errors`` (other 5xx) or
 ``abandoned`` (the client had gone before its answer was written: an answer nobody read is not
 counted as served), plus the latency of the ``ok`` answers from the door to the last byte written.
-The app reads them with :func:`door_counters` (``/stats``, ``/metrics``).
+What the app may ask about its request, and the counters (``door_counters``: ``/stats``,
+``/metrics``), are :mod:`course_lib.serving.server._request`.
 
 References
 ----------
@@ -37,118 +38,24 @@ documentation, "Middleware" (pure ASGI middleware); RFC 9110 sections 10.2.3 (``
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import re
 import time
-from bisect import bisect_left
-from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from typing import Any
 
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._protocols import CONNECTION_EXTENSION
+from course_lib.serving.server._request import _CURRENT, DoorCounters, Refusal, _Exchange
 
-__all__ = [
-    "DEADLINE_HEADER",
-    "LATENCY_BUCKETS_S",
-    "PROBE_PATHS",
-    "Door",
-    "DoorCounters",
-    "Refusal",
-    "body_refusal",
-    "client_gone",
-    "door_counters",
-    "request_deadline",
-]
+__all__ = ["DEADLINE_HEADER", "PROBE_PATHS", "Door"]
 
 #: The request header carrying the client's timeout in ms (the idea of Envoy's expected-timeout header).
 DEADLINE_HEADER = b"x-request-timeout-ms"
 #: GET/HEAD paths never refused by admission and not counted (health, readiness, counters, metrics).
 PROBE_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/stats", "/metrics", "/batcher"})
-#: Upper bounds (s) of the latency histogram of ``ok`` answers (a Prometheus-style cumulative histogram).
-LATENCY_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-OUTCOMES: tuple[str, ...] = ("ok", "shed", "expired", "client_errors", "server_errors", "abandoned")
 _HOST = re.compile(rb"^(?:[A-Za-z0-9.\-_~]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
 _MAX_DEADLINE_MS = 600_000.0
-_CURRENT: contextvars.ContextVar[_Exchange | None] = contextvars.ContextVar("course_request", default=None)
-
-
-@dataclass
-class DoorCounters:
-    """What the clients of one server process saw, request by request (see the module docstring)."""
-
-    requests: int = 0
-    ok: int = 0
-    shed: int = 0
-    expired: int = 0
-    client_errors: int = 0
-    server_errors: int = 0
-    abandoned: int = 0
-    shed_at_door: int = 0
-    abandoned_at_door: int = 0
-    in_flight: int = 0
-    max_in_flight: int = DEFAULTS.max_in_flight
-    ok_latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
-    ok_latency_sum_s: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counters as plain values (``ok_latency_buckets``: counts per bucket, the last one above 5 s)."""
-        return asdict(self)
-
-    def _observe_ok(self, seconds: float) -> None:
-        self.ok_latency_buckets[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-        self.ok_latency_sum_s += seconds
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A request refused by the door: status, short machine-readable kind, reason."""
-
-    status: int
-    error: str
-    message: str
-
-
-@dataclass
-class _Exchange:
-    """One request as the door follows it."""
-
-    door: Door
-    connection: Any
-    deadline: float | None
-    body_deadline: float
-    body_bytes: int = 0
-    body_done: bool = False
-    refusal: Refusal | None = None
-    status: int | None = None
-    replace_body: bool = False
-    complete: bool = False
-    gone_at_answer: bool = False
-
-
-def request_deadline() -> float | None:
-    """The current request's deadline on the event loop's clock (``loop.time()``), or None."""
-    exchange = _CURRENT.get()
-    return None if exchange is None else exchange.deadline
-
-
-def client_gone() -> bool:
-    """True if the client of the current request has closed its connection (False outside a door)."""
-    exchange = _CURRENT.get()
-    return bool(exchange and exchange.connection is not None and exchange.connection.client_gone())
-
-
-def body_refusal() -> Refusal | None:
-    """Why the door cut the current request's body (413 too large, 408 too slow), or None."""
-    exchange = _CURRENT.get()
-    return None if exchange is None else exchange.refusal
-
-
-def door_counters() -> DoorCounters | None:
-    """The counters of the door the current request came through, or None (no door: a test client)."""
-    exchange = _CURRENT.get()
-    return None if exchange is None else exchange.door.counters
 
 
 def _json_answer(refusal: Refusal, *, close: bool, retry_after_s: int | None = None) -> tuple[dict, dict]:
