@@ -143,7 +143,8 @@ def serve_churn(
         How long to wait for every worker to be ready (each loads the model).
     config : ServerConfig
         Every other limit of the runtime (timeouts, connection and in-flight limits); the arguments
-        above replace its fields of the same name.
+        above replace its fields of the same name, and ``max_in_flight`` is raised to at least
+        ``max_queue_size + max_batch_size`` (what the batcher holds), so ``/predict`` sheds at its queue.
 
     Yields
     ------
