@@ -139,3 +139,18 @@ def test_the_guard_stops_its_command_and_removes_its_folder_when_told_to(tmp_pat
     assert not folder.exists()
     wait_until(lambda: gone(command), timeout_s=5, what="the guarded command to stop")
     guard.stop()
+
+
+def test_a_parent_pid_inherited_from_an_ancestor_is_ignored_and_a_dead_one_is_not():
+    code = "from course_lib.core._process import exit_with_parent; print(exit_with_parent())"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for named, expected in ((1, str(os.getpid())), (dead.pid, None)):  # pid 1 lives; the other is gone
+        env = {**os.environ, PARENT_PID_ENV: str(named), PARENT_DEATHSIG_ENV: "1"}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        if expected is None:
+            assert done.returncode == 1 and "already gone" in done.stderr
+        else:
+            assert done.returncode == 0 and done.stdout.strip() == expected

@@ -110,6 +110,16 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a child: this one, ``OMP_NUM_THREADS`` 1 unless set, ``env``, and the parent.
 
@@ -140,7 +150,9 @@ def exit_with_parent(
     Parameters
     ----------
     parent_pid : int, optional
-        Default: :data:`PARENT_PID_ENV` if set (``start_child`` sets it), else ``os.getppid()``.
+        Default: :data:`PARENT_PID_ENV` if set (``start_child`` sets it), else ``os.getppid()``. A
+        variable naming a live process other than this one's parent was inherited from an ancestor
+        and is ignored; one naming a dead process means the parent died before this process ran.
     on_exit : callable, optional
         Run by the watchdog before it exits (a short cleanup: stop a child, remove a folder).
     check_s : float > 0
@@ -158,8 +170,14 @@ def exit_with_parent(
         At once, if the parent is already gone.
     """
     check_s = number("check_s", check_s, min=0, min_open=True)
-    parent = int(parent_pid or os.environ.get(PARENT_PID_ENV) or os.getppid())
-    if os.environ.get(PARENT_DEATHSIG_ENV) == "1" and parent == os.getppid():
+    named = int(os.environ.get(PARENT_PID_ENV) or 0)
+    if parent_pid:
+        parent = int(parent_pid)
+    elif named and named != os.getppid() and _alive(named):
+        parent = os.getppid()  # the variable was inherited from an ancestor: not about us
+    else:
+        parent = named or os.getppid()
+    if named == parent == os.getppid() and os.environ.get(PARENT_DEATHSIG_ENV) == "1":
         _set_pdeathsig(deathsig)
     if os.getppid() != parent:
         if on_exit is not None:
