@@ -112,7 +112,9 @@ class _Guard:
         fd = raw.fileno() if raw is not None else -1
         if fd < 0:
             return True
-        probe = socket.socket(fileno=fd)  # the same descriptor, no dup; detached below, never closed
+        # the same descriptor, no dup (family and type given: no syscalls to find them); detached
+        # below, never closed
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fd)
         try:
             return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except BlockingIOError:

@@ -241,8 +241,7 @@ def create_app(
         """Read the body, run ``run(body)`` until done or the client leaves, map failures to 4xx/5xx."""
         try:
             body = await read_json_body(request, body_timeout_s=body_timeout_s)
-            check_still_wanted()
-            return await cancel_on_disconnect(request, run(body))
+            return await cancel_on_disconnect(request, run(body))  # run's model stage checks first
         except ClientGoneError:
             counters.client_disconnects += 1
             return Response(status_code=499)  # never delivered: the client is gone
