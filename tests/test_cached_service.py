@@ -109,11 +109,11 @@ def test_a_new_feature_snapshot_is_a_miss(store, service):
     assert refreshed.score("SC-0000007")["cache"] == "miss"
 
 
-def _file_backed_service(tmp_path):
+def _file_backed_service(tmp_path, record):
     """A service whose features live in a dict, with a store file that a refresh rewrites."""
     store_file = tmp_path / "features.sqlite"
     store_file.write_text("refresh 1")
-    features = {"SC-0000001": {"tenure": 1}}
+    features = {"SC-0000001": {**record, "tenure": 1}}
     service = ChurnService(
         features.get, lambda records: np.array([r["tenure"] / 100 for r in records]), model_version="m1"
     )
@@ -121,15 +121,15 @@ def _file_backed_service(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["rewrite in place", "replace the file"])
-def test_a_refreshed_store_file_is_seen_at_request_time(tmp_path, how):
-    fake_store, features, service = _file_backed_service(tmp_path)
+def test_a_refreshed_store_file_is_seen_at_request_time(tmp_path, how, store):
+    fake_store, features, service = _file_backed_service(tmp_path, store.get("SC-0000001"))
     cached = CachedChurnService(
         service, InProcessPredictionCache(100, 3600.0), feature_snapshot=store_snapshot(fake_store)
     )
     assert cached.score("SC-0000001")["churn_probability"] == 0.01
     assert cached.score("SC-0000001")["cache"] == "hit"
     before = cached.feature_snapshot
-    features["SC-0000001"] = {"tenure": 60}  # the refresh: new features, new file contents
+    features["SC-0000001"] = {**features["SC-0000001"], "tenure": 60}  # the refresh: new features, new file
     if how == "rewrite in place":
         fake_store.path.write_text("refresh 2, longer")
     else:
@@ -159,8 +159,8 @@ def test_snapshot_check_interval_bounds_how_long_the_old_version_is_used(tmp_pat
         StoreSnapshot(tmp_path / "missing.sqlite")
 
 
-def test_feature_snapshot_must_be_a_str_or_callable(tmp_path):
-    _, _, service = _file_backed_service(tmp_path)
+def test_feature_snapshot_must_be_a_str_or_callable(tmp_path, store):
+    _, _, service = _file_backed_service(tmp_path, store.get("SC-0000001"))
     with pytest.raises(TypeError, match="feature_snapshot"):
         CachedChurnService(service, InProcessPredictionCache(10, 60.0), feature_snapshot=42)
     with pytest.raises(ValueError, match="feature_snapshot"):

@@ -29,7 +29,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().split()[2] != "Z"
-    except FileNotFoundError:
+    except OSError:  # gone between the two looks
         return False
 
 
@@ -42,9 +42,25 @@ def test_tcp_server_on_loopback_persists_nothing_and_stops():
         assert client.config_get("save")["save"] == ""
         assert client.config_get("appendonly")["appendonly"] == "no"
         assert client.config_get("bind")["bind"] == "127.0.0.1"
-        pid, folder = server.process.pid, server.folder
-    assert not _alive(pid)
+        assert client.config_get("protected-mode")["protected-mode"] == "yes"
+        assert int(client.info("server")["process_id"]) == server.pid
+        pid, guard, folder = server.pid, server.process.pid, server.folder
+    assert not _alive(pid) and not _alive(guard)
     assert not folder.exists()
+
+
+@needs_redis
+def test_a_client_without_the_password_is_refused():
+    import redis
+
+    with redis_server(max_lifetime_s=60) as server:
+        assert server.password and server.password not in " ".join(server.process.args)
+        stranger = redis.Redis(host=server.host, port=server.port, socket_timeout=5)
+        try:
+            with pytest.raises(redis.AuthenticationError):
+                stranger.set("churn|v|s|SC-0000101", "0.999999")
+        finally:
+            stranger.close()
 
 
 @needs_redis
@@ -66,24 +82,28 @@ def test_watchdog_stops_a_server_that_outlives_its_limit():
 
 
 @needs_redis
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
-def test_server_dies_with_the_process_that_started_it():
+def test_server_and_its_folder_go_with_the_process_that_started_it():
     script = textwrap.dedent(
         """
         import sys, time
         from course_lib.serving.cache.redis_server import redis_server
-        with redis_server(max_lifetime_s=120) as server:
-            print(server.process.pid, flush=True)
+        with redis_server(max_lifetime_s=120, unix_socket=True) as server:
+            print(server.pid, server.folder, flush=True)
             time.sleep(120)
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        pid = int(parent.stdout.readline())
-        assert _alive(pid)
+        pid_text, folder = parent.stdout.readline().split()
+        pid = int(pid_text)
+        assert _alive(pid) and os.path.isdir(folder)
         parent.kill()  # SIGKILL: no finally block, no atexit in the parent
         parent.wait(timeout=10)
-        wait_until(lambda: not _alive(pid), timeout_s=10, what="redis-server to die with its parent")
+        wait_until(
+            lambda: not _alive(pid) and not os.path.exists(folder),
+            timeout_s=10,
+            what="redis-server and its folder to go with their parent",
+        )
     finally:
         parent.kill()
         parent.stdout.close()
@@ -123,10 +143,10 @@ def test_never_attaches_to_another_server_on_a_taken_port(monkeypatch):
     """The port is taken by another Redis between asking for it and binding it: refuse, never share."""
     import course_lib.serving.cache.redis_server as rs
 
-    os_free_port = rs._free_port
+    os_free_port = rs.free_port
     with redis_server(max_lifetime_s=60) as theirs:
         theirs.client().set("theirs", "precious")
-        monkeypatch.setattr(rs, "_free_port", lambda: theirs.port)  # every port offered is taken
+        monkeypatch.setattr(rs, "free_port", lambda: theirs.port)  # every port offered is taken
         with (
             pytest.raises(RedisUnavailableError, match="no free port after"),
             redis_server(max_lifetime_s=60) as ours,
@@ -135,9 +155,9 @@ def test_never_attaches_to_another_server_on_a_taken_port(monkeypatch):
         assert theirs.running and theirs.client().get("theirs") == b"precious"
 
         offered = [theirs.port]  # the first port is taken, the next one is free
-        monkeypatch.setattr(rs, "_free_port", lambda: offered.pop() if offered else os_free_port())
+        monkeypatch.setattr(rs, "free_port", lambda: offered.pop() if offered else os_free_port())
         with redis_server(max_lifetime_s=60) as ours:
             assert ours.port != theirs.port
-            assert int(ours.client().info("server")["process_id"]) == ours.process.pid
+            assert int(ours.client().info("server")["process_id"]) == ours.pid
             ours.client().flushall()
         assert theirs.client().get("theirs") == b"precious"

@@ -75,7 +75,7 @@ def test_the_command_line_round_trips_every_field(
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"lifetime_s": 0}, "lifetime_s must be a finite number of seconds > 0, got 0"),
+        ({"lifetime_s": 0}, "lifetime_s must be a finite number > 0, got 0"),
         ({"body_timeout_s": float("inf")}, "body_timeout_s must be a finite number"),
         ({"header_timeout_s": True}, "header_timeout_s must be"),
         ({"max_connections": 0}, "max_connections must be an integer >= 1, got 0"),

@@ -11,8 +11,12 @@ then the "latency" it reports is its own lateness. Three tools keep it honest:
   instant, their per-request rows merged into one ``LoadResult`` (exact samples, never averaged
   percentiles), each process separate from the server under test;
 * ``generator_limit``: the same generators against a null HTTP server (``serve_null``, an answer of
-  two bytes and no work), climbing rates until the send lag's p99 exceeds its bound, so every load
-  test can print the highest rate its own generator keeps up with.
+  two bytes and no work, on the course's server runtime with its C parser and loop), climbing rates
+  until the send lag's p99 exceeds its bound, so every load test can print the highest rate its own
+  generator keeps up with.
+
+Every generator process exits within a fraction of a second of the process that started the pool
+(``course_lib.core._process.exit_with_parent``), even if that one is killed.
 
 References
 ----------
@@ -23,12 +27,12 @@ Python ``concurrent.futures.ProcessPoolExecutor`` with the ``spawn`` start metho
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import multiprocessing
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from course_lib.core._process import exit_with_parent
 from course_lib.measure.loadgen import (
     SEND_LAG_BOUND_MS,
     SPIN_WINDOW_S,
@@ -45,6 +50,14 @@ from course_lib.measure.loadgen import (
     run_open_loop,
 )
 from course_lib.measure.targets import aiohttp_target
+from course_lib.serving.server import (
+    DEFAULTS,
+    add_arguments,
+    from_arguments,
+    run_processes,
+    serve_app,
+    to_argv,
+)
 
 __all__ = [
     "GeneratorPool",
@@ -54,11 +67,14 @@ __all__ = [
     "serve_null",
 ]
 
-_NULL_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
+_NULL_HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+#: The null server: the C parser and loop, and a door wide enough never to refuse a generator's load.
+NULL_SERVER = DEFAULTS.replace(http="httptools", loop="uvloop", max_in_flight=100_000, max_connections=4096)
 
 
-def _warm_worker() -> None:
-    """Worker initializer: import what a run needs now, not inside the first timed run."""
+def _warm_worker(parent_pid: int) -> None:
+    """Worker initializer: leave with the parent; import what a run needs now, not inside the first timed run."""
+    exit_with_parent(parent_pid)
     import aiohttp  # noqa: F401
     import uvloop  # noqa: F401
 
@@ -144,7 +160,9 @@ class GeneratorPool:
         self.n_processes = n_processes
         self.start_delay_s = float(start_delay_s)
         ctx = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=n_processes, mp_context=ctx, initializer=_warm_worker)
+        self._pool = ProcessPoolExecutor(
+            max_workers=n_processes, mp_context=ctx, initializer=_warm_worker, initargs=(os.getpid(),)
+        )
         # Start every worker now (imports included), not inside the first timed run.
         futures = [self._pool.submit(time.sleep, 0.2) for _ in range(n_processes)]
         for f in futures:
@@ -249,81 +267,43 @@ def run_generators(
         return pool.run(url, payloads, **run_kwargs)
 
 
-class _NullProtocol(asyncio.Protocol):
-    """Answers every HTTP/1.1 request on the connection with 200 ``{}`` and does nothing else."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        self.buffer = b""
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
-            head = self.buffer[:end].lower()
-            at = head.find(b"content-length:")
-            length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length :]
-            self.transport.write(_NULL_ANSWER)
+async def _null_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """ASGI app answering every HTTP request with 200 ``{}`` and doing nothing else."""
+    if scope["type"] == "lifespan":
+        while (message := await receive())["type"] != "lifespan.shutdown":
+            await send({"type": message["type"] + ".complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": _NULL_HEADERS})
+    await send({"type": "http.response.body", "body": b"{}"})
 
 
-def _watch_parent(parent_pid: int, lifetime_s: float) -> None:
-    deadline = time.monotonic() + lifetime_s
-    while time.monotonic() < deadline and os.getppid() == parent_pid:
-        time.sleep(0.2)
-    os._exit(0)
-
-
-def _null_main(port: int, lifetime_s: float, parent_pid: int) -> None:
-    import uvloop
-
-    threading.Thread(target=_watch_parent, args=(parent_pid, lifetime_s), daemon=True).start()
-
-    async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(_NullProtocol, "127.0.0.1", port)
-        async with server:
-            await server.serve_forever()
-
-    uvloop.run(main())
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m course_lib.measure.generators --port P [ServerConfig flags]``: the null server."""
+    parser = argparse.ArgumentParser(description="Null HTTP server on 127.0.0.1 (200 {} to everything)")
+    parser.add_argument("--port", type=int, required=True)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    serve_app(_null_app, port=args.port, config=from_arguments(args))
 
 
 @contextmanager
 def serve_null(*, lifetime_s: float = 120.0) -> Iterator[str]:
     """A null HTTP server in a subprocess on 127.0.0.1 (answers 200 ``{}`` at once); yields its URL.
 
-    It exits when the ``with`` block ends, after ``lifetime_s`` seconds, or when this process dies.
+    It runs on the course's server runtime (``NULL_SERVER``: httptools + uvloop, every guard and
+    limit of the other servers) and exits when the ``with`` block ends, after ``lifetime_s`` seconds,
+    or when this process dies.
 
     Raises
     ------
     RuntimeError
-        If it does not accept connections within 20 s.
+        If it is not ready within 20 s (with the end of its log).
     """
-    import socket
-    import subprocess
-
-    from course_lib.core.waiting import wait_until
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    code = f"from course_lib.measure.generators import _null_main; _null_main({port}, {lifetime_s!r}, {os.getpid()})"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-
-    def accepting() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"null server exited with code {proc.returncode}")
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        wait_until(accepting, timeout_s=20.0, interval_s=0.05, what="the null server to accept connections")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    config = NULL_SERVER.replace(lifetime_s=lifetime_s)
+    command = [sys.executable, "-m", "course_lib.measure.generators", *to_argv(config)]
+    with run_processes({"null": command}, startup_timeout_s=20.0) as urls:
+        yield urls["null"]
 
 
 def generator_limit(
@@ -372,3 +352,7 @@ def generator_limit(
         else:
             break
     return limit, pd.DataFrame(rows)
+
+
+if __name__ == "__main__":
+    main()

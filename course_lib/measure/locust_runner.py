@@ -2,8 +2,8 @@
 
 ``run_locust`` starts ``locust --headless -u U -r R -t T --csv PREFIX`` on ``loadtests/locustfile.py``
 in a subprocess that stops after its run time (``-t`` plus ``--stop-timeout``), is killed if it
-overruns, and dies with the process that started it (Linux ``PR_SET_PDEATHSIG``). ``read_locust_stats``
-reads the ``_stats.csv`` back.
+overruns, and dies with the process that started it (it runs under the course's process guard,
+``python -m course_lib.core._process``). ``read_locust_stats`` reads the ``_stats.csv`` back.
 
 Properties of Locust's numbers, reproduced here so tests check them against Locust's own code:
 
@@ -56,6 +56,7 @@ import pandas as pd
 
 from course_lib.core import checks
 from course_lib.core._io import REPO_ROOT
+from course_lib.core._process import child_env
 
 __all__ = [
     "LOCUSTFILE",
@@ -71,17 +72,8 @@ __all__ = [
 #: The course's locustfile.
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
 
-# Exec'd by the child: die with the parent (the signal survives exec), then become locust.
-_LAUNCHER = (
-    "import ctypes, os, signal, sys\n"
-    "try:\n"
-    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
-    "except OSError:\n"
-    "    pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(3)\n"
-    "os.execv(sys.executable, [sys.executable, '-m', 'locust', *sys.argv[2:]])\n"
-)
+#: Runs a command and stops it when this process dies (see ``course_lib.core._process``).
+_GUARD = [sys.executable, "-m", "course_lib.core._process", "--"]
 
 
 def bucket_response_time_ms(response_time_ms: float) -> int:
@@ -326,12 +318,12 @@ def run_locust(
     ]  # fmt: skip
     root = str(REPO_ROOT)  # the locustfile imports this checkout's course_lib
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))
-    child_env = {**os.environ, **(env or {}), "PYTHONPATH": path}
     deadline = run_time_s + stop_timeout_s + 60
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *args],
-            env=child_env,
+            [*_GUARD, sys.executable, "-m", "locust", *args],
+            env=child_env({**(env or {}), "PYTHONPATH": path}),
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=deadline,

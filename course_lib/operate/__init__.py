@@ -12,6 +12,7 @@ __all__ = [
     "canary_day",
     "drift",
     "hpa_manifest",
+    "http_metrics",
     "model_pool",
     "monitored_service",
     "prom_quantile",

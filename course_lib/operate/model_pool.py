@@ -14,7 +14,8 @@
   "alone", so the ratios get intervals over the rounds (:mod:`course_lib.core.intervals`).
 
 Each helper process is started with this module's command line (``python -m course_lib.operate.model_pool``),
-exits when its work or its ``--lifetime-s`` is done, and also when its parent dies.
+exits when its work or its ``--lifetime-s`` is done, and also within a fraction of a second of its
+parent's death (``course_lib.core._process.exit_with_parent``); its stderr goes to an anonymous log.
 
 References
 ----------
@@ -40,6 +41,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from course_lib.core._process import child_env, exit_with_parent, start_child, stop_processes
 from course_lib.core.bench import round_order, time_calls_ns
 from course_lib.core.intervals import ratio_interval
 from course_lib.core.percentiles import percentile
@@ -56,7 +58,15 @@ def _command(*args: str) -> list[str]:
 
 
 def _run_json(args: list[str], timeout_s: float) -> dict:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
+    done = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(args[3:5])} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -219,13 +229,7 @@ def noisy_neighbour(
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGCONT)
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+        stop_processes(list(procs.values()), 30)
     rows, intervals = [], {}
     for name, blocks in samples.items():
         us = np.concatenate(blocks) / 1000.0
@@ -245,29 +249,18 @@ def noisy_neighbour(
 
 
 def _start_batch_job(args: list[str]) -> subprocess.Popen:
-    proc = subprocess.Popen(_command(*args), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = start_child(_command(*args), name="batch job", stdout=subprocess.PIPE)
+    proc = child.popen
     ready = threading.Event()
     threading.Thread(target=lambda: (proc.stdout.readline(), ready.set()), daemon=True).start()
     wait_until(
         lambda: ready.is_set() or proc.poll() is not None, timeout_s=120, what="the batch job to start"
     )
-    if proc.poll() is not None:
-        raise RuntimeError(f"batch job exited early with code {proc.returncode}")
+    child.check_running()  # the end of its log if it exited early
     return proc
 
 
 # ----------------------------------------------------------------------------- child process side
-
-
-def _exit_with_parent(lifetime_s: float) -> None:
-    parent, deadline = os.getppid(), time.monotonic() + lifetime_s
-
-    def watch() -> None:
-        while os.getppid() == parent and time.monotonic() < deadline:
-            time.sleep(0.2)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def _one_row_feeds(session: object, n: int) -> dict:
@@ -291,7 +284,10 @@ def _child(argv: Sequence[str]) -> None:
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--lifetime-s", type=float, default=300.0)
     args = parser.parse_args(argv)
-    _exit_with_parent(args.lifetime_s)
+    exit_with_parent()
+    lifetime = threading.Timer(args.lifetime_s, os._exit, (0,))
+    lifetime.daemon = True
+    lifetime.start()
     from course_lib.churn.export import make_session
 
     if args.mode == "memory":

@@ -15,6 +15,14 @@ queue drops the shadow work (never the answer) and counts the drop.
 ``churn_feature_cache_requests_total{result}`` (read from the ``CachedFeatureStore`` counters).
 ``create_monitored_app`` serves ``POST /score``, ``GET /metrics`` and ``GET /healthz``.
 
+The service's own metrics count the requests it scored, timed from the handler's start. What the
+clients saw is counted by the server runtime's door in front of the app, and ``/metrics`` exports it
+too: ``churn_http_requests_total{outcome}`` (ok, shed, expired, client_errors, server_errors,
+abandoned: an answer whose client had already gone is never counted as served) and
+``churn_http_request_duration_seconds`` (the ``ok`` answers, from the door to the last byte written,
+so time waiting behind other requests in the server is in it). A client that leaves before its
+request is scored (an aborted upload, a timeout) is never scored and never logged as an error.
+
 References
 ----------
 prometheus_client documentation ("Instrumenting", "Custom Collectors", ``generate_latest``).
@@ -45,8 +53,18 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 
 from course_lib.core.checks import integer, non_empty
+from course_lib.operate.http_metrics import DoorCollector
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S
-from course_lib.serving.service import ChurnService, RequestError, ServiceResponse, read_json_body
+from course_lib.serving.server import DoorCounters, door_counters
+from course_lib.serving.service import (
+    ChurnService,
+    ClientGoneError,
+    DeadlineExceededError,
+    RequestError,
+    ServiceResponse,
+    check_still_wanted,
+    read_json_body,
+)
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
@@ -112,6 +130,14 @@ class ServiceMetrics:
         )
         if cache is not None:
             r.register(_CacheCollector(cache))
+
+        self._door: DoorCounters | None = None
+
+    def watch_door(self, counters: DoorCounters | None) -> None:
+        """Export the server door's ``counters`` too (once; ``GET /metrics`` calls it)."""
+        if counters is not None and self._door is None:
+            self._door = counters
+            self.registry.register(DoorCollector(counters))
 
     def exposition(self) -> bytes:
         """The metrics page in the Prometheus text format (what ``GET /metrics`` returns)."""
@@ -331,20 +357,31 @@ def create_monitored_app(service: VersionedChurnService) -> FastAPI:
     """FastAPI app: ``POST /score`` (routed, instrumented), ``GET /metrics``, ``GET /healthz``.
 
     Bad requests get the 4xx of ``course_lib.serving.service`` (they are counted with ``version="none"``);
-    an unexpected exception gets a 500 naming it, and the server keeps serving.
+    an unexpected exception gets a 500 naming its type (the message stays in the server), and the
+    server keeps serving. A client gone before its request is scored is never scored (499, counted by
+    the door as abandoned). No redirects (``/score/`` is a 404).
     """
     app = FastAPI(title="churn scoring (versions + metrics)", docs_url=None, redoc_url=None, openapi_url=None)
+    app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
 
     @app.post("/score")
     async def score(request: Request) -> Response:
         try:
             body = await read_json_body(request)
+            check_still_wanted()
+        except ClientGoneError:
+            return Response(status_code=499)  # nobody reads it; the door counts it as abandoned
+        except DeadlineExceededError:
+            late = RequestError(
+                504, "deadline_exceeded", "the request's deadline passed before it was scored"
+            )
+            return Response(late.body(), status_code=504, media_type="application/json")
         except RequestError as err:
             return Response(err.body(), status_code=err.status_code, media_type="application/json")
         try:
             _, result = service.handle(body)
         except Exception as exc:  # a failing stage must not take the server down
-            err = RequestError(500, "internal_error", f"{type(exc).__name__}: {exc}")
+            err = RequestError(500, "internal_error", f"scoring failed ({type(exc).__name__})")
             return Response(err.body(), status_code=500, media_type="application/json")
         return Response(result.body, status_code=result.status_code, headers=result.headers)
 
@@ -352,6 +389,7 @@ def create_monitored_app(service: VersionedChurnService) -> FastAPI:
     async def metrics() -> Response:
         if service.metrics is None:
             return Response(b"metrics are off for this service\n", status_code=404, media_type="text/plain")
+        service.metrics.watch_door(door_counters())
         return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")

@@ -7,7 +7,9 @@ format, each timed into ``Server-Timing``), except that the forward stage submit
 features to a dynamic batcher, which scores many concurrent requests in one model call. The answer
 is the Lesson 2 answer plus how the request was served: ``queue_wait_ms``, ``service_ms`` (the
 model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplicated`` and ``trigger``.
-A full queue answers 503 with ``Retry-After``; the server keeps serving.
+A full queue answers 503 with ``Retry-After`` before the model sees the request (parse and lookup
+take microseconds); the server keeps serving. In front of it, the server runtime's door bounds the requests in flight
+(``max_in_flight``) and drops requests whose client left or whose deadline passed.
 
 ``run_server`` (one) and ``run_servers`` (several, started together) run such servers in
 subprocesses on 127.0.0.1 (``course_lib.serving.server._runners.run_processes``: bounded lifetime, read timeouts, a
@@ -15,8 +17,9 @@ connection limit, exit with the parent), so a load generator in the calling proc
 their GIL; ``python -m course_lib.serving.batching.predict`` does the same from a shell. Every default lives in
 ``course_lib.serving.server._config.DEFAULTS``.
 
-A client that disconnects while its request waits in the batcher's queue cancels it: its queue slot
-is freed at once and it never reaches the model (``stats.cancelled_by_caller``).
+A client that disconnects while its request waits in the batcher's queue cancels it, and so does the
+request's deadline (the runtime's ``x-request-timeout-ms`` header): its queue slot is freed at once
+and it never reaches the model (``stats.cancelled_by_caller``; the client gets 504 at the deadline).
 
 References
 ----------
@@ -68,6 +71,7 @@ from course_lib.serving.server import (
 from course_lib.serving.service import (
     ChurnService,
     RequestError,
+    check_still_wanted,
     create_app,
     native_forward,
     onnx_forward,
@@ -233,10 +237,19 @@ def create_batched_app(
 
     app.router.lifespan_context = lifespan
 
+    def queue_full() -> Response:
+        return refuse(
+            RequestError(
+                503, "queue_full", f"the batcher's queue is full ({batcher.max_queue_size} requests)"
+            ),
+            {"retry-after": "1"},
+        )
+
     async def predict_body(body: bytes) -> Response:
         served: list[BatchedResult] = []
 
         async def batched_forward(records: list[dict[str, object]]) -> list[object]:
+            check_still_wanted()  # the client has not left and the deadline has not passed
             result = await batcher.submit(records[0])
             served.append(result)
             return [result.value]
@@ -244,12 +257,7 @@ def create_batched_app(
         try:
             out = await service.handle_async(body, forward=batched_forward)
         except QueueFullError:
-            return refuse(
-                RequestError(
-                    503, "queue_full", f"the batcher's queue is full ({batcher.max_queue_size} requests)"
-                ),
-                {"retry-after": "1"},
-            )
+            return queue_full()
         except BatcherClosedError:
             return refuse(
                 RequestError(503, "shutting_down", "the server is shutting down"), {"retry-after": "1"}

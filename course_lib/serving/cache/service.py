@@ -7,6 +7,15 @@ A request is timed stage by stage, as in Lesson 2:
 * hit:  ``parse`` -> ``cache_get`` -> ``format``
 * miss: ``parse`` -> ``cache_get`` -> ``lookup`` -> ``forward`` -> ``cache_set`` -> ``format``
 
+The cache fails open: a cache call that raises (Redis stalled past its timeout, dead, out of memory)
+never fails the request. The request is scored by the model as if there were no cache and answered
+with ``"cache": "bypass"``; a circuit breaker (``pybreaker``: open after ``breaker_fail_max``
+failures in a row, one trial call after ``breaker_reset_s``) skips the cache entirely while it is
+open, so a stalled Redis costs at most a few timeouts, not one per request. ``health()`` (the app's
+``/healthz``) reports ``"degraded"`` while the breaker is not closed, and ``cache_counters`` counts
+failures and bypassed requests. The stored features of a miss pass ``ChurnService.check_features``
+before the model (422 for values outside the schema, never a 500).
+
 The cache key is ``(model_version, customer_id, feature_snapshot)``: a model with another version
 never reads the old model's entries. The snapshot is read again for every request (``StoreSnapshot``,
 from ``store_snapshot(store)``): once the store's file is rewritten or replaced, requests use the
@@ -22,7 +31,8 @@ requests.
 References
 ----------
 Source lesson 000, "Prediction caching with time-to-live" (key ``hash(customer_id, model_version)``).
-Source lesson 004, "Caching and Request Deduplication".
+Source lesson 004, "Caching and Request Deduplication". Nygard, M. (2018), "Release It!", 2nd ed.,
+"Circuit Breaker"; pybreaker documentation.
 """
 
 from __future__ import annotations
@@ -32,12 +42,15 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pybreaker
 
+from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.serving.cache.stores import PredictionCache, PredictionKey
 from course_lib.serving.profiling import END_TO_END, LatencyBudget, RequestProfile
@@ -45,6 +58,7 @@ from course_lib.serving.service import ChurnService, RequestError, ServiceRespon
 
 __all__ = [
     "CACHED_STAGES",
+    "CacheCounters",
     "CachedChurnService",
     "StoreSnapshot",
     "hit_miss_summary",
@@ -144,6 +158,27 @@ def store_snapshot(store: Any, *, check_interval_ms: float = 0.0) -> StoreSnapsh
     return StoreSnapshot(store.path, check_interval_ms=check_interval_ms)
 
 
+@dataclass
+class CacheCounters:
+    """How the cache served: calls that failed, requests answered without it, breaker openings."""
+
+    errors: int = 0
+    bypassed: int = 0
+    breaker_opened: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class _Opened(pybreaker.CircuitBreakerListener):
+    def __init__(self, counters: CacheCounters):
+        self.counters = counters
+
+    def state_change(self, cb: Any, old_state: Any, new_state: Any) -> None:
+        if new_state is not None and new_state.name == pybreaker.STATE_OPEN:
+            self.counters.breaker_opened += 1
+
+
 def _with_cache_field(answer: bytes, outcome: str) -> bytes:
     """The service's JSON answer with ``"cache": outcome`` added (appended in place when it ends in ``}``)."""
     body = answer.rstrip()
@@ -168,6 +203,10 @@ class CachedChurnService(ChurnService):
     key_model_version : bool
         True (always, in real code). False builds keys *without* the model version: only for the
         lesson's demonstration of the stale scores such a key serves after a model change.
+    breaker_fail_max : int >= 1
+        Cache failures in a row that open the circuit breaker (default 3).
+    breaker_reset_s : float > 0
+        How long the breaker stays open before one trial call (default 1 s).
 
     Raises
     ------
@@ -191,6 +230,8 @@ class CachedChurnService(ChurnService):
         *,
         feature_snapshot: StoreSnapshot | Callable[[], str] | str,
         key_model_version: bool = True,
+        breaker_fail_max: int = 3,
+        breaker_reset_s: float = 1.0,
     ):
         if not isinstance(cache, PredictionCache):
             raise TypeError(f"cache must be a PredictionCache, got {type(cache).__name__}")
@@ -217,6 +258,39 @@ class CachedChurnService(ChurnService):
         self.service = service
         self.cache = cache
         self.key_model_version = bool(key_model_version)
+        self.cache_counters = CacheCounters()
+        self._last_call_failed = False
+        self.breaker = pybreaker.CircuitBreaker(
+            fail_max=integer("breaker_fail_max", breaker_fail_max, min=1),
+            reset_timeout=positive_number("breaker_reset_s", breaker_reset_s),
+            listeners=[_Opened(self.cache_counters)],
+            name="prediction-cache",
+        )
+
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok" | "degraded", "cache": {...}}``: degraded while the cache's breaker is not
+        closed or its last call failed (a Redis that fails fast, e.g. out of memory, never opens it)."""
+        state = self.breaker.current_state
+        cache: dict[str, Any] = {"breaker": state, **self.cache_counters.as_dict()}
+        if hasattr(self.cache, "rejected"):  # values written by someone else (no valid HMAC)
+            cache["rejected"] = self.cache.rejected
+        ok = state == pybreaker.STATE_CLOSED and not self._last_call_failed
+        return {"status": "ok" if ok else "degraded", "cache": cache}
+
+    def _cache_call(self, call: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``(worked, result)`` of one cache call through the breaker; a failure is counted, never raised."""
+        try:
+            result = self.breaker.call(call, *args)
+        except pybreaker.CircuitBreakerError as exc:  # open (the call was skipped) or just tripped
+            self._last_call_failed = self._last_call_failed or exc.__context__ is not None
+            self.cache_counters.errors += exc.__context__ is not None
+            return False, None
+        except Exception:  # a failing cache must not fail the request (fail open)
+            self.cache_counters.errors += 1
+            self._last_call_failed = True
+            return False, None
+        self._last_call_failed = False
+        return True, result
 
     @property
     def feature_snapshot(self) -> str:
@@ -239,8 +313,10 @@ class CachedChurnService(ChurnService):
         Returns
         -------
         ServiceResponse
-            200 with the Lesson 2 answer plus ``"cache"``; the 4xx of the first stage that refused
-            (never cached). The profile holds every stage that ran, in ms.
+            200 with the Lesson 2 answer plus ``"cache"``: ``"hit"``, ``"miss"``, or ``"bypass"``
+            when the cache failed or its breaker is open (scored by the model); the 4xx of the first
+            stage that refused (never cached; 422 for stored features outside the schema). The
+            profile holds every stage that ran, in ms.
         """
         profile = RequestProfile(request_id)
         try:
@@ -248,21 +324,25 @@ class CachedChurnService(ChurnService):
                 request = self.service.parse(body)
             key = self.key(request.customer_id)
             with profile.stage("cache_get"):
-                cached = self.cache.get(key)
+                worked, cached = self._cache_call(self.cache.get, key)
             if cached is None:
                 with profile.stage("lookup"):
                     record = self.service.lookup(request)
                 with profile.stage("forward"):
+                    self.service.check_features(record)
                     scores = (
                         await forward([record]) if forward is not None else self.service.forward([record])
                     )
                     p = float(scores[0])
-                with profile.stage("cache_set"):
-                    self.cache.set(key, p)
+                if worked:
+                    with profile.stage("cache_set"):
+                        worked, _ = self._cache_call(self.cache.set, key, p)
             else:
                 p = cached
+            outcome = "hit" if cached is not None else "miss" if worked else "bypass"
+            self.cache_counters.bypassed += outcome == "bypass"
             with profile.stage("format"):
-                out = _with_cache_field(self.service.format(request, p), "miss" if cached is None else "hit")
+                out = _with_cache_field(self.service.format(request, p), outcome)
         except RequestError as err:
             return ServiceResponse(err.status_code, err.body(), profile)
         return ServiceResponse(200, out, profile)

@@ -20,6 +20,10 @@ The key and the feature digest are :mod:`course_lib.serving.cache.key` (re-expor
   written with its own time-to-live, ``SET key value PX ttl_ms``). Several replicas can share it, at
   the price of a network round trip per lookup. Redis bounds memory, not entries: with
   ``maxmemory`` and ``allkeys-lru`` it evicts by an *approximate* LRU (it samples a few keys).
+  Every value carries an HMAC-SHA256 over key and score with a per-start secret, so a value written
+  by anyone else is a miss (counted in ``rejected``), never an answer; every call has a short
+  timeout and no retry, so a stalled or dead Redis fails fast (``CachedChurnService`` then scores
+  without it).
 
 Counters add up: ``hits + misses == lookups`` for both backends.
 
@@ -27,13 +31,18 @@ References
 ----------
 cachetools documentation, ``TTLCache``. Redis documentation, ``SET`` (``PX``), "Key eviction"
 (``maxmemory-policy allkeys-lru``, approximated LRU), ``INFO`` (``evicted_keys``, ``expired_keys``).
+RFC 2104 (HMAC); Python ``hmac.compare_digest``. redis-py documentation, "Retries"
+(``socket_timeout``, ``socket_connect_timeout``, ``Retry``).
 Source lesson 000 (key ``hash(customer_id, model_version)`` with a 1-hour TTL) and 004 (a cache that
 calls itself LRU but evicts in insertion order; see ``course_lib.simulate.cache.FifoCache``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -44,6 +53,7 @@ from typing import Any
 import numpy as np
 from cachetools import TTLCache
 
+from course_lib.core.checks import positive_number
 from course_lib.serving.cache.key import KEY_SEPARATOR, PredictionKey, check_key_part, features_digest
 
 __all__ = [
@@ -63,7 +73,8 @@ class CacheStats:
     ``lookups == hits + misses``; ``sets`` counts stores; ``evictions`` entries pushed out because
     the cache was full; ``expirations`` entries removed because their time-to-live ran out (for Redis
     both are the server's counters, shared by every client of that server). ``size`` is the number
-    of entries held now.
+    of entries held now. ``rejected`` counts values whose HMAC did not match (written by someone
+    else); each is also a miss.
     """
 
     lookups: int
@@ -73,6 +84,7 @@ class CacheStats:
     evictions: int
     expirations: int
     size: int
+    rejected: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -258,52 +270,98 @@ class RedisPredictionCache(PredictionCache):
     Parameters
     ----------
     client : redis.Redis
-        A connected client (``course_lib.serving.cache.redis_server.RedisServer.client()``); redis-py's client is
-        thread-safe (a connection pool).
+        A connected client (``course_lib.serving.cache.redis_server.RedisServer.client()``); redis-py's
+        client is thread-safe (a connection pool). This cache takes over its timeouts and retries.
     ttl_s : float > 0
         Time-to-live of every entry, set on the server per key (millisecond resolution).
     namespace : str
         Prefix of every key, so several caches can share one server; ``clear`` deletes only these.
+    secret : bytes, optional
+        HMAC key of the stored values (at least 16 bytes); default 32 random bytes, new for every
+        cache object. Replicas that share entries must share it.
+    timeout_s : float > 0
+        Socket and connect timeout of every call (default 0.1 s: a loopback ``GET`` takes about
+        0.1 ms, so only a stalled or unreachable server reaches it); calls are never retried.
 
     Raises
     ------
     ValueError
-        If ``ttl_s`` is not > 0 or below 1 ms, or ``namespace`` is empty or contains ``"|"``.
+        If ``ttl_s`` is not > 0 or below 1 ms, ``namespace`` is empty or contains ``"|"``, the secret
+        is shorter than 16 bytes or ``timeout_s`` is not > 0.
 
     Notes
     -----
-    Scores are stored as ``repr(float)``, which reads back to the identical float. Hits and misses
-    are counted by this client; evictions and expirations are the server's ``INFO stats`` counters
-    (since this object was created or reset), shared by every client of that server.
+    Values are stored as ``"<repr(float)>|<hmac>"``; ``repr`` reads back to the identical float. A
+    value without the right HMAC for its key is a miss (``rejected``). Hits and misses are counted by
+    this client; evictions and expirations are the server's ``INFO stats`` counters (since this object
+    was created or reset), shared by every client of that server.
     """
 
-    def __init__(self, client: Any, ttl_s: float, *, namespace: str = "churn"):
+    def __init__(
+        self,
+        client: Any,
+        ttl_s: float,
+        *,
+        namespace: str = "churn",
+        secret: bytes | None = None,
+        timeout_s: float = 0.1,
+    ):
+        from redis.backoff import NoBackoff  # function-level: redis is optional for in-process caching
+        from redis.retry import Retry
+
         self.ttl_s = _check_ttl(ttl_s)
         self.ttl_ms = round(self.ttl_s * 1000)
         if self.ttl_ms < 1:
             raise ValueError(f"ttl_s must be at least 0.001 s (Redis PX is in milliseconds), got {ttl_s!r}")
         self.namespace = check_key_part("namespace", namespace)
+        self._secret = secrets.token_bytes(32) if secret is None else bytes(secret)
+        if len(self._secret) < 16:
+            raise ValueError(f"secret must hold at least 16 bytes, got {len(self._secret)}")
+        self.timeout_s = positive_number("timeout_s", timeout_s)
+        pool = client.connection_pool
+        pool.connection_kwargs.update(socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s)
+        client.set_retry(Retry(NoBackoff(), 0))  # one try: a failing cache must fail fast
+        pool.disconnect()  # connections made before take the new timeouts when they reconnect
         self.client = client
         self._lock = threading.Lock()
-        self._hits = self._misses = self._sets = 0
+        self._hits = self._misses = self._sets = self._rejected = 0
         self._server_base = self._server_counters()
+
+    @property
+    def rejected(self) -> int:
+        """Values refused because their HMAC was not ours, since creation or the last reset."""
+        return self._rejected
+
+    def _mac(self, name: str, text: str) -> str:
+        return hmac.new(self._secret, f"{name}\x00{text}".encode(), hashlib.sha256).hexdigest()
 
     def _server_counters(self) -> tuple[int, int]:
         info = self.client.info("stats")
         return int(info["evicted_keys"]), int(info["expired_keys"])
 
     def get(self, key: PredictionKey) -> float | None:
-        raw = self.client.get(_check_key(key).as_str(self.namespace))
+        name = _check_key(key).as_str(self.namespace)
+        raw = self.client.get(name)
+        value = None if raw is None else self._verified(name, raw)
         with self._lock:
-            if raw is None:
+            if value is None:
                 self._misses += 1
+                self._rejected += raw is not None
                 return None
             self._hits += 1
-        return float(raw)
+        return value
+
+    def _verified(self, name: str, raw: bytes) -> float | None:
+        """The score in ``raw`` if its HMAC is ours for ``name``, else None."""
+        text, _, mac = raw.decode("utf-8", errors="replace").rpartition("|")
+        if not text or not hmac.compare_digest(mac, self._mac(name, text)):
+            return None
+        return float(text)
 
     def set(self, key: PredictionKey, value: float) -> None:
         name = _check_key(key).as_str(self.namespace)
-        self.client.set(name, repr(_check_value(value)), px=self.ttl_ms)
+        text = repr(_check_value(value))
+        self.client.set(name, f"{text}|{self._mac(name, text)}", px=self.ttl_ms)
         with self._lock:
             self._sets += 1
 
@@ -319,7 +377,7 @@ class RedisPredictionCache(PredictionCache):
     def reset_stats(self) -> None:
         base = self._server_counters()
         with self._lock:
-            self._hits = self._misses = self._sets = 0
+            self._hits = self._misses = self._sets = self._rejected = 0
             self._server_base = base
 
     def stats(self) -> CacheStats:
@@ -334,6 +392,7 @@ class RedisPredictionCache(PredictionCache):
                 evictions=evicted - self._server_base[0],
                 expirations=expired - self._server_base[1],
                 size=size,
+                rejected=self._rejected,
             )
 
     def __len__(self) -> int:
@@ -343,4 +402,4 @@ class RedisPredictionCache(PredictionCache):
         self.client.close()
 
     def __repr__(self) -> str:
-        return f"RedisPredictionCache(ttl_s={self.ttl_s:g}, namespace={self.namespace!r})"
+        return f"RedisPredictionCache(ttl_s={self.ttl_s:g}, namespace={self.namespace!r}, timeout_s={self.timeout_s:g})"

@@ -92,7 +92,7 @@ def _serve(
     folder = os.environ.get(READY_DIR_ENV)
     if folder is not None:
         worker_ready_path(folder, os.getpid()).touch()
-    serve_app(app, port=args.port, config=server, http=config.http, loop=config.loop, sock=sock)
+    serve_app(app, port=args.port, config=server.replace(http=config.http, loop=config.loop), sock=sock)
 
 
 def _stop_all(workers: list[subprocess.Popen], grace_s: float) -> None:

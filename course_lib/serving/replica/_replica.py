@@ -13,8 +13,11 @@ line ``{"port": N}``), wrapped in ``ReplicaMiddleware`` which adds:
 * warm-up: ``--warmup-requests`` real requests to itself before ``/readyz`` says ready, then an
   optional ``gc.freeze()``; ``--lazy-load`` creates the ONNX Runtime session on the first request.
 
-Every replica has a bounded lifetime (``--max-lifetime-s``) and exits when its parent process dies
-(``--parent-pid`` is polled). ``start_replica`` (parent side) starts one and returns a handle.
+It runs on the course's one server runtime (``course_lib.serving.server.serve_app``: the door, header and
+body timeouts, connection, in-flight and body-size limits; every ``ServerConfig`` flag is accepted),
+has a bounded lifetime (``--lifetime-s``) and exits within a fraction of a second of its parent's
+death. ``start_replica`` (parent side) starts one and returns a handle; its log is an anonymous file
+(``ReplicaProcess.log_tail``), so nothing is left on disk whatever happens to either process.
 The middleware (readiness, counters, seeded stalls) is :mod:`course_lib.serving.replica._middleware`; its
 names are re-exported here.
 
@@ -33,8 +36,6 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from course_lib.core._io import REPO_ROOT
+from course_lib.core._process import ChildProcess, start_child
+from course_lib.core.checks import positive_number
 from course_lib.serving.replica._middleware import ReplicaConfig, ReplicaMiddleware, is_slow
+from course_lib.serving.server import (
+    DEFAULTS,
+    add_arguments,
+    from_arguments,
+    listening_socket,
+    serve_app,
+    to_argv,
+)
 
 __all__ = [
     "ReplicaConfig",
@@ -105,24 +116,19 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-requests", type=int, default=0, help="requests to itself before ready")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
     parser.add_argument("--lazy-load", action="store_true", help="create the ONNX session on first use")
-    parser.add_argument("--max-lifetime-s", type=float, default=300.0)
-    parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    add_arguments(parser)  # the runtime's limits, --lifetime-s among them
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of a replica process (see the module docstring for the options)."""
-    import socket
-
-    import uvicorn
-
+    # function-level imports: the model stack loads in the replica process only
     from course_lib.serving.feature_store import FeatureStore, make_lookup
     from course_lib.serving.service import ChurnService, create_app
 
     args = _parse_args(argv)
     config = ReplicaConfig(args.slow_fraction, args.slow_ms, args.seed, args.warmup_requests, args.gc_freeze)
-    if not args.max_lifetime_s > 0:
-        raise SystemExit(f"--max-lifetime-s must be > 0, got {args.max_lifetime_s}")
+    server_config = from_arguments(args)
     store = FeatureStore(args.store)
     forward = _OnnxForward(args.onnx)
     if not args.lazy_load:
@@ -134,54 +140,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         lookup_mode="indexed",
         runtime="onnx",
     )
-    app = ReplicaMiddleware(create_app(service), config)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
+    app = ReplicaMiddleware(create_app(service, body_timeout_s=server_config.body_timeout_s), config)
+    sock = listening_socket(0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=2
-        )
-    )
 
-    def stop_later(reason: str) -> None:
-        server.should_exit = True
-        print(f"replica {port}: stopping ({reason})", file=sys.stderr, flush=True)
-        hard = threading.Timer(5.0, lambda: os._exit(0))  # graceful shutdown stuck: leave anyway
-        hard.daemon = True
-        hard.start()
-
-    def watch() -> None:
-        deadline = time.monotonic() + args.max_lifetime_s
-        while not server.should_exit:
-            if time.monotonic() > deadline:
-                return stop_later(f"max lifetime {args.max_lifetime_s:g} s reached")
-            if args.parent_pid and os.getppid() != args.parent_pid:
-                return stop_later(f"parent {args.parent_pid} is gone")
-            time.sleep(0.2)
-
-    threading.Thread(target=watch, name="replica-watchdog", daemon=True).start()
-
-    def after_start() -> None:
-        while not server.started and not server.should_exit:
-            time.sleep(0.005)
-        if config.warmup_requests and server.started:
+    def started() -> None:
+        print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)  # it listens now
+        os.dup2(2, 1)  # from now on stdout goes to the log too: the parent stops reading its pipe
+        if config.warmup_requests:
             ids = store.sample_ids(config.warmup_requests, seed=config.seed + 1)
             _warm_up(f"http://127.0.0.1:{port}", ids, app)
 
-    threading.Thread(target=after_start, name="replica-warmup", daemon=True).start()
-    print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)
-    server.run(sockets=[sock])
+    serve_app(app, port=port, config=server_config, sock=sock, on_started=started)
 
 
 @dataclass
 class ReplicaProcess:
-    """A replica started by ``start_replica``: its URL, process and log file."""
+    """A replica started by ``start_replica``: its URL and its process (with an anonymous log)."""
 
     url: str
-    process: subprocess.Popen
-    log_path: Path
+    child: ChildProcess
     started_at: float
+
+    @property
+    def process(self) -> subprocess.Popen:
+        """The replica's ``subprocess.Popen``."""
+        return self.child.popen
+
+    def log_tail(self, n_bytes: int = 2000) -> str:
+        """The end of the replica's log (its stderr); "" once it has been stopped."""
+        return self.child.tail(n_bytes)
 
     def stats(self) -> dict[str, Any]:
         """The replica's ``/stats`` counters."""
@@ -198,20 +186,9 @@ class ReplicaProcess:
         except httpx.TransportError:
             return False
 
-    def stop(self, timeout_s: float = 10.0, *, keep_log: bool = False) -> int:
-        """Terminate (SIGTERM), wait, kill if needed, delete the log unless ``keep_log``; the exit code."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout_s)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        if not keep_log:
-            self.log_path.unlink(missing_ok=True)
-        return int(self.process.returncode)
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """Terminate (SIGTERM), wait, kill if needed, close the log; the exit code."""
+        return self.child.stop(timeout_s)
 
     def __enter__(self) -> ReplicaProcess:
         return self
@@ -229,9 +206,23 @@ def start_replica(
     lazy_load: bool = False,
     max_lifetime_s: float = 300.0,
     startup_timeout_s: float = 60.0,
-    log_dir: str | Path | None = None,
+    server_config: Any = DEFAULTS,
 ) -> ReplicaProcess:
     """Start a replica process and return once it listens (not necessarily ready: see ``is_ready``).
+
+    Parameters
+    ----------
+    onnx_path, store_path, model_version : what the replica serves (``prepare_replica_files``).
+    config : ReplicaConfig
+        Injected stalls and warm-up.
+    lazy_load : bool
+        Create the ONNX Runtime session on the first request.
+    max_lifetime_s : float > 0
+        The replica exits by itself after this long (``server_config.lifetime_s`` is replaced).
+    startup_timeout_s : float > 0
+        How long to wait for it to report its port.
+    server_config : ServerConfig
+        The runtime's limits (default ``course_lib.serving.server.DEFAULTS``).
 
     Raises
     ------
@@ -245,42 +236,38 @@ def start_replica(
         if not Path(path).is_file():
             raise FileNotFoundError(f"{name} {path} does not exist")
     config = ReplicaConfig(**config.__dict__)  # validate
-    log_folder = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir())
-    log_path = log_folder / f"replica-{os.getpid()}-{time.monotonic_ns()}.log"
+    positive_number("max_lifetime_s", max_lifetime_s)
+    limits = server_config.replace(lifetime_s=max_lifetime_s)
     cmd = [
         sys.executable, "-m", "course_lib.serving.replica", "--onnx", str(onnx_path), "--store", str(store_path),
         "--model-version", model_version, "--slow-fraction", repr(config.slow_fraction),
         "--slow-ms", repr(config.slow_ms), "--seed", str(config.seed),
-        "--warmup-requests", str(config.warmup_requests), "--max-lifetime-s", repr(max_lifetime_s),
-        "--parent-pid", str(os.getpid()),
+        "--warmup-requests", str(config.warmup_requests), *to_argv(limits),
     ]  # fmt: skip
     cmd += ["--gc-freeze"] * config.gc_freeze + ["--lazy-load"] * lazy_load
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-    }
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     started = time.perf_counter()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
+    child = start_child(cmd, name="replica", env={"PYTHONPATH": path}, stdout=subprocess.PIPE)
     deadline = time.monotonic() + startup_timeout_s
     line = b""
+    stdout = child.popen.stdout
+    assert stdout is not None  # started with stdout=PIPE
     while not line.endswith(b"\n"):
         remaining = deadline - time.monotonic()
-        ready, _, _ = select.select([process.stdout], [], [], max(0.0, min(remaining, 0.2)))
+        ready, _, _ = select.select([stdout], [], [], max(0.0, min(remaining, 0.2)))
         if ready:
-            chunk = os.read(process.stdout.fileno(), 1024)
+            chunk = os.read(stdout.fileno(), 1024)
             line += chunk
             if chunk:
                 continue
-        if process.poll() is not None or remaining <= 0:
-            process.kill()
-            process.wait()
-            tail = log_path.read_text(errors="replace")[-2000:]
+        if child.popen.poll() is not None or remaining <= 0:
+            tail = child.tail()
+            child.stop(1.0)
             raise RuntimeError(
                 f"replica did not report its port within {startup_timeout_s:g} s; log:\n{tail}"
             )
     port = json.loads(line.decode())["port"]
-    return ReplicaProcess(f"http://127.0.0.1:{port}", process, log_path, started)
+    return ReplicaProcess(f"http://127.0.0.1:{port}", child, started)
 
 
 @dataclass(frozen=True)

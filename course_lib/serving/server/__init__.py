@@ -1,8 +1,15 @@
-"""uvicorn on 127.0.0.1 for a bounded time, in a thread or in subprocesses, hardened for abuse.
+"""The one server runtime: uvicorn on 127.0.0.1, hardened, in a thread or in subprocesses, for a bounded time.
 
-* ``_runners``: ``serve_in_thread`` and ``run_processes`` (free ports, readiness, always stopped);
-* ``_process``: ``serve_app``, what runs inside a server subprocess (timeouts, connection limit,
-  bounded shutdown, exit with the parent);
+* ``_runners``: ``serve_in_thread`` and ``run_processes`` (free ports, workers sharing a port,
+  readiness, always stopped) - the two places a course server is started;
+* ``_serve``: ``uvicorn_config`` (the settings every server gets) and ``serve_app`` (what runs inside a
+  server subprocess: open-file limit, lifetime, exit with the parent, readiness line);
+* ``_protocols``: ``guarded_protocol``, uvicorn's h11 or httptools protocol with a header timeout, a
+  connection limit that evicts idle connections and a bounded pipeline;
+* ``_door``: ``Door``, the ASGI middleware in front of every app (Host and encoding checks, body
+  limits, admission control with 503 + ``Retry-After``, deadlines, clients that left, outcome counters);
+* ``_request``: what an app may ask about its request (``client_gone``, ``request_deadline``,
+  ``body_refusal``) and the door's ``DoorCounters`` (``door_counters``);
 * ``_config``: ``ServerConfig``, every server and batcher default in one frozen record.
 """
 
@@ -10,17 +17,25 @@ from __future__ import annotations
 
 from course_lib.serving.server._config import (
     DEFAULTS,
+    EVENT_LOOPS,
+    HTTP_PARSERS,
     ServerConfig,
     add_arguments,
     from_arguments,
     split_config,
     to_argv,
 )
-from course_lib.serving.server._process import (
-    LOOPBACK_HOST,
-    PARENT_PID_ENV,
-    guarded_protocol,
-    serve_app,
+from course_lib.serving.server._door import DEADLINE_HEADER, PROBE_PATHS, Door
+from course_lib.serving.server._protocols import CONNECTION_EXTENSION, guarded_protocol
+from course_lib.serving.server._request import (
+    LATENCY_BUCKETS_S,
+    OUTCOMES,
+    DoorCounters,
+    Refusal,
+    body_refusal,
+    client_gone,
+    door_counters,
+    request_deadline,
 )
 from course_lib.serving.server._runners import (
     READY_PATH,
@@ -29,21 +44,44 @@ from course_lib.serving.server._runners import (
     run_processes,
     serve_in_thread,
 )
+from course_lib.serving.server._serve import (
+    LOOPBACK_HOST,
+    PARENT_PID_ENV,
+    listening_socket,
+    serve_app,
+    uvicorn_config,
+)
 
 __all__ = [
+    "CONNECTION_EXTENSION",
+    "DEADLINE_HEADER",
     "DEFAULTS",
+    "EVENT_LOOPS",
+    "HTTP_PARSERS",
+    "LATENCY_BUCKETS_S",
     "LOOPBACK_HOST",
+    "OUTCOMES",
     "PARENT_PID_ENV",
+    "PROBE_PATHS",
     "READY_PATH",
+    "Door",
+    "DoorCounters",
+    "Refusal",
     "RunningServer",
     "ServerConfig",
     "ServerURLs",
     "add_arguments",
+    "body_refusal",
+    "client_gone",
+    "door_counters",
     "from_arguments",
     "guarded_protocol",
+    "listening_socket",
+    "request_deadline",
     "run_processes",
     "serve_app",
     "serve_in_thread",
     "split_config",
     "to_argv",
+    "uvicorn_config",
 ]

@@ -12,30 +12,60 @@ Where the defaults come from
   ``preferred_batch_size``, ``max_queue_size``); the values are Lesson 3's working point.
 * ``lifetime_s`` 300: a forgotten server in a notebook stops by itself after five minutes; a lesson
   runs for under 90 s.
+* ``http`` / ``loop`` ``h11`` + ``asyncio``: uvicorn's pure-Python parser and loop (Lessons 2-12);
+  ``httptools`` + ``uvloop`` are the C ones Lesson 6 compares. Both parsers get the same guards.
 * ``header_timeout_s`` / ``body_timeout_s`` 10: a request whose headers or body take longer is
   abandoned (slowloris defence; the request body here is ~30 bytes). ``keep_alive_s`` 5 is uvicorn's
   default idle time between requests on one connection.
 * ``max_connections`` 512: at most this many open connections; a new one beyond it evicts an idle
   connection (or is closed if every connection has a request in flight), so idle sockets can never
-  exhaust the usual 1,024 open-file limit and lock everyone out.
+  exhaust the usual 1,024 open-file limit and lock everyone out. ``backlog`` 128 (Linux's classic
+  ``somaxconn``): the listen queue, and the most connections asyncio accepts in one go before any
+  of them is handled (uvicorn's 2,048 would open that many files at once and hit the limit).
+  ``open_files_limit`` 0 leaves the process's limit as it is (raised if it is below
+  ``files_needed`` = ``max_connections`` + 3 x ``backlog`` + 64: an eviction frees its file a
+  loop pass later); a number sets it (tests lower it to show that the server stays reachable).
+* ``max_in_flight`` 128: requests admitted at once per process; one more is answered 503 with
+  ``Retry-After: retry_after_s`` (1 s) before any of its work starts. 128 requests of a millisecond
+  each are a 128 ms queue: well inside Lesson 2's SLO, so a full door means overload, not a burst.
+* ``max_pipeline_depth`` 16: requests one connection may queue behind the one being answered
+  (HTTP/1.1 pipelining); beyond that the server stops reading the connection, answers what it
+  holds and closes it (RFC 9112 section 9.3.2: the client retries the rest).
+* ``max_body_bytes`` 1 MiB: no course endpoint takes more (the churn body is ~30 bytes; the app
+  refuses over 16 KiB itself); a larger body is refused 413 after at most ``max_drain_bytes`` 8 MiB
+  have been read and thrown away, so the client can read its answer.
+* ``max_error_body_bytes`` 4096: an error answer never echoes a large request back.
 * ``graceful_shutdown_s`` 5: after SIGTERM, requests in flight get this long, then they are cancelled.
-* ``parent_check_s`` 0.5: how often a server subprocess checks that its parent is still alive.
+* ``parent_check_s`` 0.2: how often a server subprocess checks that its parent is still alive (a
+  server is gone well within 2 s of its parent's death).
 
 References
 ----------
 NVIDIA Triton Inference Server documentation, "Dynamic Batcher". uvicorn documentation, "Settings"
-(``timeout_keep_alive``, ``timeout_graceful_shutdown``, ``limit_concurrency``).
+(``timeout_keep_alive``, ``timeout_graceful_shutdown``; its ``limit_concurrency`` counts idle
+keep-alive connections too, so admission is counted by the runtime's door instead). RFC 9112,
+"HTTP/1.1", sections 3.2 (Host) and 9.3.2 (pipelining).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["DEFAULTS", "ServerConfig", "add_arguments", "from_arguments", "split_config", "to_argv"]
+from course_lib.core.checks import InvalidArgumentError, integer, number, one_of
+
+__all__ = [
+    "DEFAULTS",
+    "EVENT_LOOPS",
+    "HTTP_PARSERS",
+    "ServerConfig",
+    "add_arguments",
+    "from_arguments",
+    "split_config",
+    "to_argv",
+]
 
 
 @dataclass(frozen=True)
@@ -44,9 +74,11 @@ class ServerConfig:
 
     Raises
     ------
-    ValueError
-        For a time limit that is not a finite number > 0, or a count below 1 (batcher knobs are
-        checked by ``DynamicBatcher`` itself).
+    course_lib.core.checks.InvalidArgumentError
+        (a ``ValueError``) for a time limit that is not a finite number > 0, a count below 1, an
+        unknown ``http`` or ``loop``, an ``open_files_limit`` too small for ``max_connections``, or
+        ``max_drain_bytes`` below ``max_body_bytes`` (batcher knobs are checked by
+        ``DynamicBatcher`` itself).
     """
 
     max_batch_size: int = 64
@@ -57,37 +89,46 @@ class ServerConfig:
     instances: int = 1
     run_in_thread: bool = True
     lifetime_s: float = 300.0
+    http: str = "h11"
+    loop: str = "asyncio"
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 512
+    backlog: int = 128
+    open_files_limit: int = 0
+    max_in_flight: int = 128
+    retry_after_s: int = 1
+    max_pipeline_depth: int = 16
+    max_body_bytes: int = 1_048_576
+    max_drain_bytes: int = 8_388_608
+    max_error_body_bytes: int = 4096
     graceful_shutdown_s: float = 5.0
-    parent_check_s: float = 0.5
+    parent_check_s: float = 0.2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preferred_batch_sizes", tuple(self.preferred_batch_sizes))
-        for name in (
-            "lifetime_s",
-            "header_timeout_s",
-            "body_timeout_s",
-            "keep_alive_s",
-            "graceful_shutdown_s",
-            "parent_check_s",
-        ):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        if (
-            isinstance(self.max_connections, bool)
-            or not isinstance(self.max_connections, int)
-            or self.max_connections < 1
-        ):
-            raise ValueError(f"max_connections must be an integer >= 1, got {self.max_connections!r}")
+        for name in _SECONDS:
+            number(name, getattr(self, name), min=0, min_open=True)
+        for name in _COUNTS:
+            integer(name, getattr(self, name), min=1)
+        integer("open_files_limit", self.open_files_limit, min=0)
+        one_of("http", self.http, HTTP_PARSERS)
+        one_of("loop", self.loop, EVENT_LOOPS)
+        if self.open_files_limit and self.open_files_limit < self.files_needed:
+            raise InvalidArgumentError(
+                f"open_files_limit must be 0 or >= max_connections + 3 x backlog + {_SPARE_FILES} "
+                f"({self.files_needed}), got {self.open_files_limit!r}"
+            )
+        if self.max_drain_bytes < self.max_body_bytes:
+            raise InvalidArgumentError(
+                f"max_drain_bytes must be >= max_body_bytes ({self.max_body_bytes}), got {self.max_drain_bytes!r}"
+            )
+
+    @property
+    def files_needed(self) -> int:
+        """Open files a server may hold: its connections, up to three accept bursts still closing, spare."""
+        return self.max_connections + 3 * self.backlog + _SPARE_FILES
 
     def batcher_kwargs(self) -> dict[str, Any]:
         """The ``DynamicBatcher`` keyword arguments (``dedup`` stays a bool; the app turns it into a key)."""
@@ -104,6 +145,31 @@ class ServerConfig:
         """A copy with some fields changed (unknown names raise ``TypeError``)."""
         return dataclasses.replace(self, **changes)
 
+
+#: uvicorn's HTTP parsers and event loops a course server may use (Lesson 6 compares them).
+HTTP_PARSERS: tuple[str, ...] = ("h11", "httptools")
+EVENT_LOOPS: tuple[str, ...] = ("asyncio", "uvloop")
+_SECONDS = (
+    "lifetime_s",
+    "header_timeout_s",
+    "body_timeout_s",
+    "keep_alive_s",
+    "graceful_shutdown_s",
+    "parent_check_s",
+)
+_COUNTS = (
+    "max_connections",
+    "backlog",
+    "max_in_flight",
+    "retry_after_s",
+    "max_pipeline_depth",
+    "max_body_bytes",
+    "max_drain_bytes",
+    "max_error_body_bytes",
+)
+_CHOICES = {"http": HTTP_PARSERS, "loop": EVENT_LOOPS}
+#: Open files a server needs beside its connections (modules, the model, logs, the event loop).
+_SPARE_FILES = 64
 
 #: The defaults, in one place.
 DEFAULTS = ServerConfig()
@@ -126,6 +192,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                 default=default,
                 help="comma-separated integers",
             )
+        elif f.name in _CHOICES:
+            parser.add_argument(_flag(f.name), choices=_CHOICES[f.name], default=default)
         else:
             parser.add_argument(_flag(f.name), type=type(default), default=default)
     return parser

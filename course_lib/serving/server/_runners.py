@@ -1,25 +1,26 @@
 """Run an ASGI app with uvicorn on 127.0.0.1 for a bounded time: in a thread, or in subprocesses.
 
-Two runners, one for each need:
+The two places a course server is started, both on the one runtime of :mod:`course_lib.serving.server._serve`
+(the same ``uvicorn_config``: the door, the guarded protocol, every limit of ``ServerConfig``):
 
 * ``serve_in_thread(app)``: a context manager that binds a free loopback port, starts uvicorn in a
   daemon thread, waits until it accepts connections, and always shuts it down on exit. A watchdog
   stops the server after ``max_lifetime_s`` even if the ``with`` block never ends.
 * ``run_processes({name: argv})``: starts server *processes* (their own GIL, like real replicas) on
-  free ports, appends ``--port=N`` to each command, waits until every one answers its readiness path
-  (``GET /healthz``), yields their base URLs, and stops them (SIGTERM, then SIGKILL) when the block
-  ends. Their stderr goes to a log file, never to a pipe nobody reads (a full pipe freezes a server).
-  Inside the subprocess, ``serve_app(app, port=..., config=...)`` runs uvicorn hardened for abuse
-  (:mod:`course_lib.serving.server._process`, re-exported here): header and body read timeouts, a connection
-  limit that evicts idle connections first, a bounded graceful shutdown, a lifetime, and an exit when
-  the parent process dies.
+  free ports, appends ``--port=N`` to each command, waits until every one is ready (its readiness
+  line, and ``GET /healthz`` answering 200), yields their base URLs, and stops them (SIGTERM to each
+  process group, then SIGKILL) when the block ends. ``workers=k`` starts each command k times on one
+  port (``SO_REUSEPORT``: the kernel spreads connections over them). Their output goes to anonymous
+  log files (never a pipe nobody reads: a full pipe freezes a server; no file is left behind),
+  whose end is quoted when a server fails. Inside each subprocess ``serve_app(app, port=...,
+  config=...)`` runs the hardened uvicorn, with a lifetime and an exit when its parent dies.
 
 To serve your own app in processes: write a module whose ``main()`` parses ``--port`` plus
 ``course_lib.serving.server._config.add_arguments`` and calls ``serve_app(create_my_app(), port=args.port,
 config=from_arguments(args))``; then ``run_processes({"a": [sys.executable, "-m", "my_module"]})``.
 
-Client and server share one Python process (and its GIL) here; in production they are separate
-processes on separate machines, so the transport stage measured here is a lower bound.
+Client and server share one Python process (and its GIL) with ``serve_in_thread``; in production they
+are separate processes on separate machines, so the transport stage measured there is a lower bound.
 
 References
 ----------
@@ -31,21 +32,34 @@ uvicorn documentation, "Settings" and programmatic use of ``uvicorn.Server``.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import tempfile
+import select
 import threading
 import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO
 
 import uvicorn
 
-from course_lib.serving.server._config import DEFAULTS
-from course_lib.serving.server._process import LOOPBACK_HOST, PARENT_PID_ENV, guarded_protocol, serve_app
+from course_lib.core._process import (
+    LOOPBACK_HOST,
+    PARENT_PID_ENV,
+    ChildProcess,
+    free_port,
+    reserve_port,
+    start_child,
+    stop_processes,
+)
+from course_lib.core.checks import integer, positive_number
+from course_lib.serving.server._config import DEFAULTS, ServerConfig
+from course_lib.serving.server._protocols import guarded_protocol
+from course_lib.serving.server._serve import (
+    READY_FD_ENV,
+    REUSE_PORT_ENV,
+    listening_socket,
+    serve_app,
+    uvicorn_config,
+)
 
 __all__ = [
     "LOOPBACK_HOST",
@@ -107,6 +121,7 @@ def serve_in_thread(
     startup_timeout_s: float = 20.0,
     log_level: str = "warning",
     tcp_nodelay: bool = True,
+    config: ServerConfig = DEFAULTS,
 ) -> Iterator[RunningServer]:
     """Serve ``app`` with uvicorn on 127.0.0.1 for the duration of the ``with`` block.
 
@@ -118,7 +133,7 @@ def serve_in_thread(
     max_lifetime_s : float
         Hard limit: a watchdog asks the server to exit after this many seconds.
     startup_timeout_s : float
-        How long to wait for uvicorn to accept connections.
+        How long to wait for uvicorn to accept connections (and the app's startup to finish).
     log_level : str
         uvicorn's log level (access logging is off).
     tcp_nodelay : bool
@@ -128,6 +143,9 @@ def serve_in_thread(
         delays that acknowledgement (Linux: at least 40 ms). asyncio switches Nagle off
         (``TCP_NODELAY``) only on connections accepted from a socket created with
         ``IPPROTO_TCP``, which is how the flag is implemented here.
+    config : ServerConfig
+        The runtime's limits (parser, timeouts, connection and in-flight limits; see
+        ``course_lib.serving.server._serve.uvicorn_config``); ``lifetime_s`` is ``max_lifetime_s``.
 
     Yields
     ------
@@ -140,26 +158,12 @@ def serve_in_thread(
     RuntimeError
         If uvicorn fails to start within ``startup_timeout_s``.
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be an integer in 0..65535 (0 = any free port), got {port!r}")
-    for name, value in (("max_lifetime_s", max_lifetime_s), ("startup_timeout_s", startup_timeout_s)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
-    proto = socket.IPPROTO_TCP if tcp_nodelay else 0  # see tcp_nodelay above
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((LOOPBACK_HOST, port))
+    integer("port", port, min=0, max=65535)
+    positive_number("max_lifetime_s", max_lifetime_s)
+    positive_number("startup_timeout_s", startup_timeout_s)
+    sock = listening_socket(port, tcp_nodelay=tcp_nodelay)
     bound_port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        host=LOOPBACK_HOST,
-        port=bound_port,
-        lifespan="off",
-        access_log=False,
-        log_level=log_level,
-        timeout_graceful_shutdown=max(1, round(DEFAULTS.graceful_shutdown_s)),
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, config, log_level=log_level))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{bound_port}", daemon=True
     )
@@ -183,34 +187,18 @@ def serve_in_thread(
             sock.close()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK_HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _log_tail(log: IO[bytes], n_bytes: int = 2000) -> str:
-    log.flush()
-    log.seek(0, os.SEEK_END)
-    size = log.tell()
-    log.seek(max(0, size - n_bytes))
-    return log.read().decode(errors="replace")
-
-
-def _stop(proc: subprocess.Popen, timeout_s: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 class ServerURLs(dict):
-    """name -> base URL, plus ``processes`` (name -> ``subprocess.Popen``) for tests and diagnostics."""
+    """name -> base URL, plus ``processes`` (name -> the first worker's ``subprocess.Popen``) and
+    ``workers`` (name -> every worker's ``course_lib.core._process.ChildProcess``)."""
 
-    processes: dict[Hashable, subprocess.Popen]
+    processes: dict[Hashable, object]
+    workers: dict[Hashable, list[ChildProcess]]
+
+
+def _read_ready(fd: int) -> bool:
+    """True once the server behind ``fd`` wrote its readiness line (non-blocking)."""
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable) and bool(os.read(fd, 64))
 
 
 @contextmanager
@@ -221,6 +209,7 @@ def run_processes(
     ready_path: str = READY_PATH,
     stop_timeout_s: float = DEFAULTS.graceful_shutdown_s + 5.0,
     env: Mapping[str, str] | None = None,
+    workers: int = 1,
 ) -> Iterator[ServerURLs]:
     """Start server processes on free 127.0.0.1 ports at once; yield their base URLs when all are ready.
 
@@ -234,72 +223,108 @@ def run_processes(
     ready_path : str
         Readiness endpoint (default ``/healthz``).
     stop_timeout_s : float
-        After SIGTERM, how long a server may take to exit before SIGKILL.
+        After SIGTERM, how long the servers may take to exit before SIGKILL (all together).
     env : mapping, optional
-        Extra environment variables. ``OMP_NUM_THREADS`` defaults to 1 and ``COURSE_SERVER_PARENT_PID``
+        Extra environment variables. ``OMP_NUM_THREADS`` defaults to 1 and ``COURSE_PARENT_PID``
         is set to this process, so the servers exit if it dies.
+    workers : int >= 1
+        Processes per command, sharing its port (``SO_REUSEPORT``; each must run ``serve_app``,
+        which binds that way and reports its readiness). Each loads its own copy of the app.
 
     Yields
     ------
     ServerURLs
-        A dict name -> base URL such as ``http://127.0.0.1:8123`` (its ``processes`` attribute holds
-        the ``Popen`` objects). Every server is stopped when the block ends.
+        A dict name -> base URL such as ``http://127.0.0.1:8123`` (its ``processes`` and ``workers``
+        attributes hold the processes). Every server is stopped when the block ends.
 
     Raises
     ------
     RuntimeError
-        If a server exits or is not ready in time; the message holds the end of its log (stderr).
+        If a server exits or is not ready in time; the message holds the end of its log.
     """
-    import httpx
-
-    procs: dict[Hashable, subprocess.Popen] = {}
-    logs: dict[Hashable, IO[bytes]] = {}
+    workers = integer("workers", workers, min=1)
+    positive_number("startup_timeout_s", startup_timeout_s)
     urls = ServerURLs()
-    urls.processes = procs
-    full_env = {
-        **os.environ,
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        PARENT_PID_ENV: str(os.getpid()),
-        **(env or {}),
-    }
+    urls.processes, urls.workers = {}, {}
+    children: list[ChildProcess] = []
+    pending: dict[int, tuple[Hashable, ChildProcess]] = {}  # readiness pipe -> server
+    reservations = []
     try:
         for name, argv in commands.items():
-            port = _free_port()
-            # an anonymous file, closed in the finally below (a pipe nobody reads would freeze the server)
-            logs[name] = tempfile.TemporaryFile(prefix="course-server-", suffix=".log")  # noqa: SIM115
-            procs[name] = subprocess.Popen(
-                [*argv, f"--port={port}"],
-                stdin=subprocess.DEVNULL,
-                stdout=logs[name],
-                stderr=subprocess.STDOUT,
-                env=full_env,
-            )
+            extra = dict(env or {})
+            if workers > 1:
+                reservations.append(reserve_port())
+                port = reservations[-1].getsockname()[1]
+                extra[REUSE_PORT_ENV] = "1"
+            else:
+                port = free_port()
             urls[name] = f"http://{LOOPBACK_HOST}:{port}"
-        deadline = time.monotonic() + startup_timeout_s
-        waiting = dict(urls.items())
-        while waiting:
-            for name, url in list(waiting.items()):
-                proc = procs[name]
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"server {name!r} exited with code {proc.returncode}: {_log_tail(logs[name])}"
-                    )
+            urls.workers[name] = []
+            for k in range(workers):
+                read_fd, write_fd = os.pipe()
                 try:
-                    if httpx.get(url + ready_path, timeout=1.0).status_code == 200:
-                        del waiting[name]
-                except httpx.TransportError:
-                    pass
-            if waiting and time.monotonic() > deadline:
-                tails = {n: _log_tail(logs[n], 500) for n in waiting}
-                raise RuntimeError(
-                    f"servers {list(waiting)} were not ready at {ready_path} within {startup_timeout_s:g} s; "
-                    f"their logs end with: {tails}"
-                )
-            if waiting:
-                time.sleep(0.1)
+                    child = start_child(
+                        [*argv, f"--port={port}"],
+                        name=f"server {name!r}" + (f" worker {k}" if workers > 1 else ""),
+                        env={**extra, READY_FD_ENV: str(write_fd)},
+                        pass_fds=(write_fd,),
+                    )
+                except BaseException:
+                    os.close(read_fd)
+                    raise
+                finally:
+                    os.close(write_fd)
+                children.append(child)
+                urls.workers[name].append(child)
+                pending[read_fd] = (name, child)
+            urls.processes[name] = urls.workers[name][0].popen
+        _wait_ready(urls, pending, workers, startup_timeout_s, ready_path)
         yield urls
     finally:
-        for proc in procs.values():
-            _stop(proc, stop_timeout_s)
-        for log in logs.values():
-            log.close()
+        for fd in pending:
+            os.close(fd)
+        stop_processes([c.popen for c in children], stop_timeout_s)
+        for child in children:
+            child.stop(0)  # reaped already: closes the log
+        for sock in reservations:
+            sock.close()
+
+
+def _wait_ready(
+    urls: ServerURLs,
+    pending: dict[int, tuple[Hashable, ChildProcess]],
+    workers: int,
+    timeout_s: float,
+    ready_path: str,
+) -> None:
+    """Wait until every process wrote its readiness line (or, one worker per port, answers
+    ``ready_path``) and every port answers ``ready_path`` with 200."""
+    import httpx  # heavy, and only the parent side needs it (a server process never does)
+
+    deadline = time.monotonic() + timeout_s
+    waiting_fds = dict(pending)
+    waiting_urls = dict(urls.items())
+    while waiting_fds or waiting_urls:
+        for fd, (_name, child) in list(waiting_fds.items()):
+            child.check_running()
+            if _read_ready(fd):
+                del waiting_fds[fd]
+        for name, url in list(waiting_urls.items()):
+            try:
+                ok = httpx.get(url + ready_path, timeout=1.0).status_code == 200
+            except httpx.TransportError:
+                ok = False
+            if ok:
+                del waiting_urls[name]
+                if workers == 1:  # a command that is not serve_app may never write its line
+                    for fd in [f for f, (n, _) in waiting_fds.items() if n == name]:
+                        del waiting_fds[fd]
+        if (waiting_fds or waiting_urls) and time.monotonic() > deadline:
+            late = {name: child.tail(500) for name, child in waiting_fds.values()}
+            late.update({name: urls.workers[name][0].tail(500) for name in waiting_urls})
+            raise RuntimeError(
+                f"servers {sorted(map(str, late))} were not ready at {ready_path} within {timeout_s:g} s; "
+                f"their logs end with: {late}"
+            )
+        if waiting_fds or waiting_urls:
+            time.sleep(0.05)

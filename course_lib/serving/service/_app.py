@@ -8,14 +8,22 @@ stages in a ``Server-Timing`` header. What it does whatever the client does:
 * ``Content-Type`` must be ``application/json`` or any ``application/<type>+json`` (as FastAPI's
   own JSON detection, and RFC 6839's structured ``+json`` suffix), else 415;
 * a client that disconnects (mid-upload or while its request waits) cancels its request: the work
-  stops, nothing more reaches the model, and ``GET /stats`` counts it in ``client_disconnects``;
+  stops, nothing more reaches the model, and ``GET /stats`` counts it in ``client_disconnects``; so
+  does a client found gone after its body was read, before any model call;
+* a request whose deadline (the runtime's ``x-request-timeout-ms``) has passed is answered 504 and
+  never reaches the model (``deadline_expired``); an async model call (a batcher) is cancelled at it;
 * an unexpected failure is a 500 with a short reason; the exception goes to the server log, never to
-  the client. Error bodies never echo what the client sent beyond the name of a bad JSON key.
+  the client. Error bodies never echo what the client sent beyond a shortened name of a bad JSON key;
+* no redirects: ``/score/`` is a 404, never a redirect built from the client's ``Host`` header.
+
+``GET /stats`` also holds ``outcomes``: what the clients saw, counted by the runtime's door
+(``course_lib.serving.server.DoorCounters``: ok, shed, expired, client and server errors,
+abandoned), when the app runs behind it.
 
 References
 ----------
 FastAPI documentation, "Request body" (JSON detection); RFC 6839 section 3.1 (``+json``);
-ASGI specification, HTTP ``http.disconnect`` event.
+ASGI specification, HTTP ``http.disconnect`` event; Starlette ``Router(redirect_slashes=...)``.
 """
 
 from __future__ import annotations
@@ -24,13 +32,19 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from course_lib.serving.server import DEFAULTS
+from course_lib.serving.server import (
+    DEFAULTS,
+    body_refusal,
+    client_gone,
+    door_counters,
+    request_deadline,
+)
 from course_lib.serving.service._pipeline import (
     MAX_BODY_BYTES,
     MAX_DRAIN_BYTES,
@@ -42,7 +56,9 @@ from course_lib.serving.service._pipeline import (
 __all__ = [
     "AppCounters",
     "ClientGoneError",
+    "DeadlineExceededError",
     "cancel_on_disconnect",
+    "check_still_wanted",
     "create_app",
     "is_json_content_type",
     "read_json_body",
@@ -57,12 +73,17 @@ class ClientGoneError(Exception):
     """The client disconnected before its answer was ready; nobody will read a response."""
 
 
+class DeadlineExceededError(Exception):
+    """The request's deadline (``x-request-timeout-ms``) passed before its answer was ready."""
+
+
 @dataclass
 class AppCounters:
     """Requests that ended without an answer the client could read (``GET /stats``)."""
 
     client_disconnects: int = 0
     body_timeouts: int = 0
+    deadline_expired: int = 0
     internal_errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -123,10 +144,28 @@ async def read_json_body(request: Request, *, body_timeout_s: float = DEFAULTS.b
             408, "body_timeout", f"the request body did not arrive within {body_timeout_s:g} s"
         ) from None
     except ClientDisconnect:
-        raise ClientGoneError() from None
+        cut = body_refusal()  # the runtime's door cut the body: too large or too slow
+        if cut is None:
+            raise ClientGoneError() from None
+        raise RequestError(cut.status, cut.error, cut.message) from None
     if refusal is not None:
         raise refusal
     return b"".join(chunks)
+
+
+def check_still_wanted() -> None:
+    """Raise if the current request's client has gone or its deadline has passed: the last check
+    before the model (the runtime's door answers; outside it nothing is ever raised).
+
+    Raises
+    ------
+    ClientGoneError, DeadlineExceededError
+    """
+    if client_gone():
+        raise ClientGoneError()
+    deadline = request_deadline()
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+        raise DeadlineExceededError()
 
 
 async def _disconnected(request: Request) -> None:
@@ -142,15 +181,22 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
     ------
     ClientGoneError
         If the client went away; ``work`` was cancelled (a batcher drops the request from its queue).
+    DeadlineExceededError
+        If the request's deadline (``course_lib.serving.server.request_deadline``) passed first;
+        ``work`` was cancelled the same way.
     """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
+    deadline = request_deadline()
+    timeout_s = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        if not watcher.done():
+            raise DeadlineExceededError()
         raise ClientGoneError()
     finally:
         watcher.cancel()
@@ -180,11 +226,13 @@ def create_app(
     -------
     fastapi.FastAPI
         Every answer of ``/score`` carries ``Server-Timing: parse;dur=.., lookup;dur=.., ...``.
-        ``GET /healthz`` answers ``{"status": "ok", "model_version": ...}`` (readiness);
+        ``GET /healthz`` answers 200 ``{"status": "ok", "model_version": ...}`` (readiness;
+        ``"degraded"``, still 200, while ``service.health()`` says so: a cache that fails open);
         ``GET /stats`` the ``AppCounters``. ``app.state.counters`` holds them; ``app.state.handle``
         is the request runner that endpoints added later share (body, disconnects, errors).
     """
     app = FastAPI(title="churn scoring", docs_url=None, redoc_url=None, openapi_url=None)
+    app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     app.state.service = service
     app.state.forward = forward
     app.state.counters = counters = AppCounters()
@@ -193,10 +241,15 @@ def create_app(
         """Read the body, run ``run(body)`` until done or the client leaves, map failures to 4xx/5xx."""
         try:
             body = await read_json_body(request, body_timeout_s=body_timeout_s)
-            return await cancel_on_disconnect(request, run(body))
+            return await cancel_on_disconnect(request, run(body))  # run's model stage checks first
         except ClientGoneError:
             counters.client_disconnects += 1
             return Response(status_code=499)  # never delivered: the client is gone
+        except DeadlineExceededError:
+            counters.deadline_expired += 1
+            return refuse(
+                RequestError(504, "deadline_exceeded", "the request's deadline passed before it was scored")
+            )
         except RequestError as err:
             if err.status_code == 408:
                 counters.body_timeouts += 1
@@ -212,8 +265,14 @@ def create_app(
 
     app.state.handle = handle
 
+    async def model(records: list[dict[str, object]]) -> Any:
+        """The model stage behind the last check (a synchronous forward still runs inline, no thread)."""
+        check_still_wanted()
+        forward = app.state.forward
+        return await forward(records) if forward is not None else service.forward(records)
+
     async def score_body(body: bytes) -> Response:
-        result = await service.handle_async(body, forward=app.state.forward)
+        result = await service.handle_async(body, forward=model)
         return Response(result.body, status_code=result.status_code, headers=result.headers)
 
     @app.post("/score")
@@ -221,11 +280,12 @@ def create_app(
         return await handle(request, run=score_body)
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "model_version": service.model_version}
+    async def healthz() -> dict[str, object]:
+        return {**service.health(), "model_version": service.model_version}
 
     @app.get("/stats")
-    async def stats() -> dict[str, int]:
-        return counters.as_dict()
+    async def stats() -> dict[str, object]:
+        outcomes = door_counters()
+        return {**counters.as_dict(), "outcomes": None if outcomes is None else outcomes.as_dict()}
 
     return app

@@ -118,10 +118,20 @@ class RequestError(Exception):
         return json.dumps({"error": self.error, "message": self.message, "details": self.details}).encode()
 
 
+#: At most this many field problems are listed in a 422, each field name cut to ``_MAX_LOC_CHARS``.
+MAX_ERROR_DETAILS = 5
+_MAX_LOC_CHARS = 40
+
+
+def _shorten(text: str, limit: int = _MAX_LOC_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _validation_details(exc: ValidationError) -> list[dict[str, object]]:
+    """The first ``MAX_ERROR_DETAILS`` problems, names shortened: a 422 never echoes a request in full."""
     return [
-        {"loc": ".".join(map(str, e["loc"])) or "body", "msg": e["msg"], "type": e["type"]}
-        for e in exc.errors(include_url=False, include_input=False)
+        {"loc": _shorten(".".join(map(str, e["loc"])) or "body"), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_input=False)[:MAX_ERROR_DETAILS]
     ]
 
 
@@ -264,6 +274,11 @@ class ChurnService:
         self.lookup_mode = lookup_mode
         self.runtime = runtime
 
+    def health(self) -> dict[str, object]:
+        """What ``GET /healthz`` reports besides the model version: ``{"status": "ok"}`` here; a
+        service with a dependency that can fail (a cache) says ``"degraded"`` while it serves without it."""
+        return {"status": "ok"}
+
     # -- stages -------------------------------------------------------------------------------
     def parse(self, body: bytes) -> ScoreRequest:
         """Stage 2: decode and validate the JSON body.
@@ -306,6 +321,9 @@ class ChurnService:
         except ValidationError as exc:
             details = _validation_details(exc)
             summary = "; ".join(f"{d['loc']}: {d['msg']}" for d in details)
+            more = exc.error_count() - len(details)
+            if more > 0:
+                summary += f"; and {more} more"
             raise RequestError(
                 422, "invalid_request", f"request does not match the schema: {summary}", details
             ) from None

@@ -1,0 +1,312 @@
+"""The door every course server puts in front of its app: refuse early, admit a bounded number, count what clients saw.
+
+One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style, no
+``BaseHTTPMiddleware``) that the runtime wraps around every app. Before any of a request's work starts:
+
+* **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), no ``Content-Encoding``
+  other than ``identity`` (415: nothing here decodes gzip, so it would be scored as garbage), a
+  declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
+* **admission**: at most ``max_in_flight`` requests of this process are admitted at once (counted
+  from the door to their last byte, across at least one event-loop pass, so requests that arrived
+  together are counted together even when the app's handler never yields); one more is answered 503
+  with ``Retry-After`` at once, oldest admitted first (health and stats probes are never refused);
+* **clients that left**: a request whose client has already closed its connection is dropped (it
+  never reaches the app; the app checks again right before its model call, ``client_gone``);
+* **deadlines**: ``x-request-timeout-ms: N`` (the client's own timeout) sets a deadline the app can
+  read (``request_deadline``); work past it is dropped and answered 504.
+
+While the app runs, the body is bounded in size and in time (``max_body_bytes``, ``body_timeout_s``
+from the end of the headers): past either, the app's ``receive`` reports a disconnect and the client
+gets 413 or 408 (``body_refusal`` tells the app which). An error answer to a body not yet read is
+sent after reading and discarding the rest (up to ``max_drain_bytes``), so the client can read it;
+error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retry-After``.
+
+``DoorCounters`` counts every request once by what its client saw: ``ok`` (2xx/3xx), ``shed``
+(503), ``expired`` (504), ``client_errors`` (other 4xx), ``server_errors`` (other 5xx) or
+``abandoned`` (the client had gone before its answer was written: an answer nobody read is not
+counted as served), plus the latency of the ``ok`` answers from the door to the last byte written.
+What the app may ask about its request, and the counters (``door_counters``: ``/stats``,
+``/metrics``), are :mod:`course_lib.serving.server._request`.
+
+References
+----------
+ASGI specification, "HTTP & WebSocket" (``http.request``, ``http.disconnect``); Starlette
+documentation, "Middleware" (pure ASGI middleware); RFC 9110 sections 10.2.3 (``Retry-After``) and
+15.5.14 (413), RFC 9112 sections 3.2 (Host) and 9.6 (closing while the client still sends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from http import HTTPStatus
+from typing import Any
+
+from course_lib.serving.server._config import DEFAULTS, ServerConfig
+from course_lib.serving.server._protocols import CONNECTION_EXTENSION
+from course_lib.serving.server._request import _CURRENT, DoorCounters, Refusal, _Exchange
+
+__all__ = ["DEADLINE_HEADER", "PROBE_PATHS", "Door"]
+
+#: The request header carrying the client's timeout in ms (the idea of Envoy's expected-timeout header).
+DEADLINE_HEADER = b"x-request-timeout-ms"
+#: GET/HEAD paths never refused by admission and not counted (health, readiness, counters, metrics).
+PROBE_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/stats", "/metrics", "/batcher"})
+_HOST = re.compile(rb"^(?:[A-Za-z0-9.\-_~]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
+_MAX_DEADLINE_MS = 600_000.0
+
+
+def _json_answer(refusal: Refusal, *, close: bool, retry_after_s: int | None = None) -> tuple[dict, dict]:
+    body = json.dumps({"error": refusal.error, "message": refusal.message, "details": []}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
+    if close:
+        headers.append((b"connection", b"close"))
+    start = {"type": "http.response.start", "status": refusal.status, "headers": headers}
+    return start, {"type": "http.response.body", "body": body}
+
+
+class Door:
+    """ASGI middleware: the checks, admission control and counters of the module docstring.
+
+    Parameters
+    ----------
+    app : ASGI application
+    config : ServerConfig
+        ``max_in_flight``, ``retry_after_s``, ``max_body_bytes``, ``max_drain_bytes``,
+        ``body_timeout_s``, ``max_error_body_bytes``.
+
+    Attributes
+    ----------
+    counters : DoorCounters
+    """
+
+    def __init__(self, app: Any, config: ServerConfig = DEFAULTS):
+        self.app = app
+        self.config = config
+        self.counters = DoorCounters(max_in_flight=config.max_in_flight)
+
+    # -- the head -------------------------------------------------------------------------------------
+    def _check_head(self, scope: dict[str, Any]) -> tuple[Refusal | None, float | None]:
+        hosts, encodings, length, timeout = [], [], None, None
+        for name, value in scope.get("headers", ()):
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"content-encoding":
+                encodings.append(value)
+            elif name == b"content-length":
+                length = value
+            elif name == DEADLINE_HEADER:
+                timeout = value
+        if len(hosts) > 1 or (not hosts and scope.get("http_version") != "1.0"):
+            return Refusal(400, "bad_host", "a request must carry exactly one Host header"), None
+        if hosts and not _HOST.match(hosts[0]):
+            return Refusal(400, "bad_host", "the Host header is not a host name or address"), None
+        if any(token.strip().lower() not in (b"", b"identity") for v in encodings for token in v.split(b",")):
+            return Refusal(415, "unsupported_encoding", "send the body without Content-Encoding"), None
+        if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
+            return Refusal(
+                413, "body_too_large", f"the request body exceeds {self.config.max_body_bytes} bytes"
+            ), None
+        deadline = None
+        if timeout is not None:
+            try:
+                ms = float(timeout)
+            except ValueError:
+                ms = float("nan")
+            if not 0 < ms <= _MAX_DEADLINE_MS:
+                return Refusal(
+                    400, "bad_timeout", f"{DEADLINE_HEADER.decode()} must be a number of ms in (0, 600000]"
+                ), None
+            deadline = asyncio.get_running_loop().time() + ms / 1000.0
+        return None, deadline
+
+    # -- the request ---------------------------------------------------------------------------------
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        config, counters = self.config, self.counters
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        connection = scope.get("extensions", {}).get(CONNECTION_EXTENSION)
+        probe = scope["method"] in ("GET", "HEAD") and scope["path"] in PROBE_PATHS
+        refusal, deadline = self._check_head(scope)
+        exchange = _Exchange(self, connection, deadline, loop.time() + config.body_timeout_s)
+        token = _CURRENT.set(exchange)
+        try:
+            if probe and refusal is None:
+                return await self.app(scope, receive, send)
+            counters.requests += 1
+            if refusal is not None:
+                await self._refuse(exchange, refusal, receive, send)
+            elif counters.in_flight >= config.max_in_flight:
+                counters.shed_at_door += 1
+                shed = Refusal(503, "overloaded", f"{config.max_in_flight} requests are in progress here")
+                await self._refuse(exchange, shed, receive, send)
+            else:
+                await self._admit(exchange, scope, receive, send)
+        finally:
+            _CURRENT.reset(token)
+        if not probe or refusal is not None:
+            self._count(exchange, time.perf_counter() - started)
+
+    async def _admit(self, exchange: _Exchange, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        counters = self.counters
+        counters.in_flight += 1
+        try:
+            # Yield once: requests read together are admitted together. A handler that never yields
+            # (a model called on the event loop) would otherwise finish each request before the next
+            # is counted, the count would never pass 1, and the queue would grow unseen.
+            await asyncio.sleep(0)
+            if exchange.connection is not None and exchange.connection.client_gone():
+                counters.abandoned_at_door += 1
+                exchange.gone_at_answer = True
+                return
+            try:
+                await self.app(
+                    scope, self._receiver(exchange, receive), self._sender(exchange, receive, send)
+                )
+            except Exception:
+                gone = exchange.connection is not None and exchange.connection.client_gone()
+                if exchange.refusal is None and not gone:
+                    raise  # a real failure: uvicorn logs it and answers 500
+                # else the app failed only because the door cut its body or its client left
+            if exchange.refusal is not None and exchange.status is None:
+                await self._refuse(exchange, exchange.refusal, receive, send)
+        finally:
+            counters.in_flight -= 1
+
+    def _receiver(self, exchange: _Exchange, receive: Any) -> Any:
+        config = self.config
+
+        async def bounded_receive() -> dict[str, Any]:
+            if exchange.refusal is not None:
+                return {"type": "http.disconnect"}
+            if exchange.body_done:
+                return await receive()
+            remaining = exchange.body_deadline - asyncio.get_running_loop().time()
+            try:
+                async with asyncio.timeout(max(remaining, 0.0)):
+                    message = await receive()
+            except TimeoutError:
+                exchange.refusal = Refusal(
+                    408, "body_timeout", f"the request body did not arrive within {config.body_timeout_s:g} s"
+                )
+                return {"type": "http.disconnect"}
+            if message["type"] == "http.request":
+                exchange.body_bytes += len(message.get("body", b""))
+                exchange.body_done = not message.get("more_body", False)
+                if exchange.body_bytes > config.max_body_bytes:
+                    exchange.refusal = Refusal(
+                        413, "body_too_large", f"the request body exceeds {config.max_body_bytes} bytes"
+                    )
+                    return {"type": "http.disconnect"}
+            else:
+                exchange.body_done = True
+            return message
+
+        return bounded_receive
+
+    def _sender(self, exchange: _Exchange, receive: Any, send: Any) -> Any:
+        config = self.config
+
+        async def checked_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                if exchange.refusal is not None and status != exchange.refusal.status:
+                    return  # the door answers instead (see _admit)
+                headers = list(message.get("headers", ()))
+                if status >= 400 and not exchange.body_done and not await self._drain(exchange, receive):
+                    headers.append((b"connection", b"close"))
+                if status == 503 and not any(k.lower() == b"retry-after" for k, _ in headers):
+                    headers.append((b"retry-after", str(config.retry_after_s).encode()))
+                length = next((v for k, v in headers if k.lower() == b"content-length"), b"")
+                if status >= 400 and (not length.isdigit() or int(length) > config.max_error_body_bytes):
+                    exchange.replace_body = True
+                    body = self._short_error_body(status)
+                    headers = [
+                        (k, v)
+                        for k, v in headers
+                        if k.lower() not in (b"content-length", b"transfer-encoding")
+                    ]
+                    headers.append((b"content-length", str(len(body)).encode()))
+                exchange.status = status
+                return await send({**message, "headers": headers})
+            if exchange.status is None or exchange.complete:
+                return None
+            final = not message.get("more_body", False)
+            if final:
+                exchange.complete = True
+                exchange.gone_at_answer = (
+                    exchange.connection is not None and exchange.connection.client_gone()
+                )
+            if exchange.replace_body:
+                if final:
+                    await send(
+                        {"type": "http.response.body", "body": self._short_error_body(exchange.status)}
+                    )
+                return None
+            return await send(message)
+
+        return checked_send
+
+    def _short_error_body(self, status: int) -> bytes:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Error"
+        cap = self.config.max_error_body_bytes
+        return json.dumps({"error": phrase.lower().replace(" ", "_"), "message": phrase}).encode()[:cap]
+
+    async def _drain(self, exchange: _Exchange, receive: Any) -> bool:
+        """Read and discard the rest of the body (bounded); True if it all arrived."""
+        loop = asyncio.get_running_loop()
+        drained = exchange.body_bytes
+        while not exchange.body_done and drained <= self.config.max_drain_bytes:
+            remaining = exchange.body_deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                async with asyncio.timeout(remaining):
+                    message = await receive()
+            except TimeoutError:
+                return False
+            if message["type"] != "http.request":
+                return False
+            drained += len(message.get("body", b""))
+            exchange.body_done = not message.get("more_body", False)
+        return exchange.body_done
+
+    async def _refuse(self, exchange: _Exchange, refusal: Refusal, receive: Any, send: Any) -> None:
+        config = self.config
+        exchange.body_done = exchange.body_done or refusal.status == 503
+        drained = exchange.body_done or refusal.status in (408, 503) or await self._drain(exchange, receive)
+        retry = config.retry_after_s if refusal.status == 503 else None
+        start, body = _json_answer(refusal, close=not drained or refusal.status == 400, retry_after_s=retry)
+        exchange.status = refusal.status
+        exchange.gone_at_answer = exchange.connection is not None and exchange.connection.client_gone()
+        exchange.complete = True
+        await send(start)
+        await send(body)
+
+    def _count(self, exchange: _Exchange, seconds: float) -> None:
+        counters, status = self.counters, exchange.status
+        gone = exchange.connection is not None and exchange.connection.client_gone()
+        if exchange.gone_at_answer or status == 499 or (not exchange.complete and gone):
+            counters.abandoned += 1
+        elif status is None or not exchange.complete:
+            counters.server_errors += 1  # the app failed to answer; uvicorn answered 500 or closed
+        elif status == 503:
+            counters.shed += 1
+        elif status == 504:
+            counters.expired += 1
+        elif status >= 500:
+            counters.server_errors += 1
+        elif status >= 400:
+            counters.client_errors += 1
+        else:
+            counters.ok += 1
+            counters._observe_ok(seconds)

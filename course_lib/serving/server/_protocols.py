@@ -1,0 +1,257 @@
+"""uvicorn's two HTTP/1.1 protocols (h11 and httptools) with the same guards against abusive connections.
+
+One concept: what a connection may cost the server. :func:`guarded_protocol` subclasses uvicorn's own
+protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically for both:
+
+* a **header read timeout**: a connection must deliver a request's complete headers within
+  ``header_timeout_s`` of connecting (or of the previous answer), else it is closed (slowloris: uvicorn
+  alone waits forever for headers); with httptools also a header size limit (h11 has its own,
+  ``h11_max_incomplete_event_size``, 16 KiB by default), so headers streamed quickly cannot fill memory;
+* a **connection limit**: at most ``max_connections`` connections stay open; a new one beyond that
+  closes the longest-open *idle* one (no request in flight: a slowloris, an idle keep-alive socket), or
+  itself if every connection is busy, so idle sockets cannot use up the open-file limit;
+* a **bounded pipeline**: uvicorn resumes reading a connection whenever the app asks for body bytes,
+  so a client that pipelines requests without reading answers makes it buffer without bound (h11 keeps
+  them as bytes, httptools as parsed request objects). Reading pauses while more than
+  ``PIPELINE_BUFFER_BYTES`` (h11) or ``max_pipeline_depth`` requests (httptools) wait; httptools parses
+  a whole read (up to 256 KiB) at once, so requests past the depth in that read are not queued: the
+  connection is closed after the queued ones are answered (RFC 9112 section 9.3.2: a client retries
+  unanswered pipelined requests on a new connection);
+* a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
+  object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
+  the client has closed its side, so work for a client that left can be dropped right before it
+  reaches the model. An end of stream from the client counts as gone (as Go's ``net/http`` and
+  nginx's 499 treat it).
+
+References
+----------
+uvicorn source, ``uvicorn/protocols/http/h11_impl.py`` and ``httptools_impl.py`` (version pinned in
+requirements.lock): ``FlowControl``, ``pipeline``, ``on_response_complete``. RFC 9112 section 9.3.2.
+Linux ``recv(2)`` (``MSG_PEEK``, ``MSG_DONTWAIT``: 0 bytes means the peer shut down its side).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from course_lib.serving.server._config import DEFAULTS, ServerConfig
+
+__all__ = ["CONNECTION_EXTENSION", "MAX_HEADER_BYTES", "PIPELINE_BUFFER_BYTES", "guarded_protocol"]
+
+#: Key of the connection handle in ``scope["extensions"]``.
+CONNECTION_EXTENSION = "course.connection"
+#: Unparsed bytes (pipelined requests) an h11 connection may hold before reading pauses.
+PIPELINE_BUFFER_BYTES = 65_536
+#: Largest request line plus headers accepted by the httptools protocol (h11's own default, 16 KiB).
+MAX_HEADER_BYTES = 16_384
+
+
+class HeadersTooLargeError(Exception):
+    """Raised inside the httptools parser callbacks; the parser turns it into a 400 and a close."""
+
+
+class _GuardedFlow(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while the connection holds too much."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: _Guard):
+        super().__init__(transport)
+        self._protocol = protocol
+
+    def resume_reading(self) -> None:
+        if not self._protocol._hold_reading():
+            super().resume_reading()
+
+
+class _Guard:
+    """The guards shared by both protocol classes (mixed in before uvicorn's class)."""
+
+    # set by guarded_protocol on the subclass
+    _header_timeout_s: float = DEFAULTS.header_timeout_s
+    _max_connections: int = DEFAULTS.max_connections
+    _max_pipeline_depth: int = DEFAULTS.max_pipeline_depth
+    # uvicorn's attributes, declared for the type checker
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    connections: set[Any]
+    cycle: Any
+    flow: FlowControl
+    app: Any
+
+    def _guard_init(self) -> None:
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._opened_at = 0.0
+        self._eof = False
+        self._overflow = False
+        self._inner_app = self.app
+        self.app = self._with_handle
+
+    async def _with_handle(self, scope: Any, receive: Any, send: Any) -> None:
+        scope.setdefault("extensions", {})[CONNECTION_EXTENSION] = self
+        await self._inner_app(scope, receive, send)
+        cycle = getattr(receive, "__self__", None)  # uvicorn's RequestResponseCycle
+        if cycle is not None and not cycle.response_started and self.client_gone():
+            cycle.disconnected = True  # nobody to answer: not a "returned without starting response"
+
+    # -- what the app may ask -------------------------------------------------------------------
+    def client_gone(self) -> bool:
+        """True once the client closed (or reset) its side of the connection.
+
+        Asks the kernel (``recv(MSG_PEEK | MSG_DONTWAIT)`` on the connection's own descriptor), so an
+        end of stream that arrived while the event loop was busy is seen at once, not a loop pass
+        later: a request whose client left during another request's model call is not scored.
+        """
+        if self._eof or self.transport is None or self.transport.is_closing():
+            return True
+        raw = self.transport.get_extra_info("socket")
+        fd = raw.fileno() if raw is not None else -1
+        if fd < 0:
+            return True
+        # the same descriptor, no dup (family and type given: no syscalls to find them); detached
+        # below, never closed
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fd)
+        try:
+            return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False  # nothing pending: the client is there, waiting
+        except OSError:
+            return True  # reset
+        finally:
+            probe.detach()
+
+    # -- state ------------------------------------------------------------------------------------
+    def _idle(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _hold_reading(self) -> bool:  # overridden per parser
+        return self._overflow
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self._header_timeout_s, self._header_timeout)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self._idle() and not self.transport.is_closing():
+            self.transport.close()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:  # an asyncio.Transport
+        super().connection_made(transport)  # type: ignore[misc]
+        self.flow = _GuardedFlow(transport, self)
+        self._opened_at = self.loop.time()
+        self._arm()
+        if len(self.connections) > self._max_connections:
+            idle = [c for c in self.connections if c is not self and c._idle()]
+            victim = min(idle, key=lambda c: c._opened_at) if idle else self
+            victim.transport.close()
+
+    def eof_received(self) -> None:
+        self._eof = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # what connection_lost does, one loop pass earlier
+            self.cycle.message_event.set()
+        super().eof_received()  # type: ignore[misc]  # None: asyncio closes the transport
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._eof = True
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class _GuardedH11(_Guard, H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._guard_init()
+
+    def _hold_reading(self) -> bool:
+        # h11 keeps pipelined requests as unparsed bytes (its receive buffer; no public size)
+        return self._overflow or len(self.conn._receive_buffer) > PIPELINE_BUFFER_BYTES
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._idle():
+            self._disarm()  # headers complete: the body timeout (the door's) takes over
+        if self._hold_reading():
+            self.flow.pause_reading()
+
+
+class _GuardedHttpTools(_Guard, HttpToolsProtocol):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._guard_init()
+        self._header_bytes = 0
+
+    def _hold_reading(self) -> bool:
+        return self._overflow or len(self.pipeline) >= self._max_pipeline_depth
+
+    def _count_header_bytes(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise HeadersTooLargeError(f"request line and headers exceed {MAX_HEADER_BYTES} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        queued = len(self.pipeline)
+        super().on_headers_complete()
+        if len(self.pipeline) > queued and (self._overflow or queued >= self._max_pipeline_depth):
+            self.pipeline.popleft()  # beyond the depth: never queued, never answered
+            if not self._overflow:
+                self._overflow = True
+                self.flow.pause_reading()
+                self.pipeline[0][0].keep_alive = False  # (cycle, app): close after the last queued answer
+        elif self._hold_reading():
+            self.flow.pause_reading()
+
+
+def guarded_protocol(config: ServerConfig = DEFAULTS) -> type[asyncio.Protocol]:
+    """uvicorn's protocol class for ``config.http`` with the guards of the module docstring.
+
+    Parameters
+    ----------
+    config : ServerConfig
+        ``http`` ("h11" or "httptools"), ``header_timeout_s``, ``max_connections``,
+        ``max_pipeline_depth``.
+
+    Returns
+    -------
+    A subclass of ``uvicorn.protocols.http.h11_impl.H11Protocol`` or of
+    ``uvicorn.protocols.http.httptools_impl.HttpToolsProtocol``, for ``uvicorn.Config(http=...)``.
+    """
+    base = _GuardedH11 if config.http == "h11" else _GuardedHttpTools
+    return type(
+        f"Guarded{base.__name__.removeprefix('_Guarded')}Protocol",
+        (base,),
+        {
+            "_header_timeout_s": config.header_timeout_s,
+            "_max_connections": config.max_connections,
+            "_max_pipeline_depth": config.max_pipeline_depth,
+        },
+    )

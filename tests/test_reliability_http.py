@@ -1,0 +1,273 @@
+"""Abusive connections against real server processes on the course's runtime, both HTTP parsers (issue 28).
+
+Slowloris, an idle-connection flood at a lowered open-file limit, aborted uploads, pipelining without
+reading, huge and stalled bodies, and the head checks (Host, Content-Encoding, redirects, error body
+size). Memory is the server's resident set (psutil) sampled while the probe runs; the bounds are a
+few times what the server needs (tens of MB), far below what the unbounded cases took (issue 28:
+685 MB for one 400 MiB body, 1,029 MB for 300,000 pipelined requests).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from course_lib.core.waiting import wait_until
+from course_lib.measure.load_server import sample_rss
+from course_lib.serving.feature_store import customer_id
+from course_lib.serving.replica import ReplicaConfig, start_replica
+from course_lib.serving.server import DEFAULTS, run_processes, to_argv
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_CONNECTIONS = 48
+LIMITS = DEFAULTS.replace(
+    header_timeout_s=1.0, body_timeout_s=1.0, max_connections=MAX_CONNECTIONS, backlog=32, lifetime_s=300.0
+)
+OPEN_FILES = LIMITS.files_needed  # the fewest the config allows: 48 + 3 x 32 + 64 = 208
+LIMITS = LIMITS.replace(open_files_limit=OPEN_FILES)
+GOOD = json.dumps({"customer_id": customer_id(7, 2000)}).encode()
+MEMORY_BOUND_BYTES = 64 * 2**20  # growth allowed during a probe
+
+
+def command(files, config) -> list[str]:
+    return [
+        sys.executable,
+        str(ROOT / "tests" / "reliability_servers.py"),
+        "batched",
+        f"--onnx={files.onnx_path}",
+        f"--store={files.store_path}",
+        f"--model-version={files.model_version}",
+        *to_argv(config),
+    ]
+
+
+@pytest.fixture(scope="module")
+def servers(replica_files):
+    with run_processes(
+        {http: command(replica_files, LIMITS.replace(http=http)) for http in ("h11", "httptools")}
+    ) as urls:
+        yield urls
+
+
+@pytest.fixture(params=["h11", "httptools"])
+def server(request, servers):
+    url = servers[request.param]
+    return url, servers.processes[request.param].pid
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return data
+
+
+def request(path: str = "/predict", body: bytes = GOOD, extra: bytes = b"") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n".encode()
+        + extra
+        + b"\r\n"
+        + body
+    )
+
+
+def serving(url: str) -> bool:
+    with httpx.Client(base_url=url, timeout=30) as c:
+        return (
+            c.get("/healthz").status_code == 200
+            and c.post("/predict", content=GOOD, headers={"content-type": "application/json"}).status_code
+            == 200
+        )
+
+
+def outcomes(url: str) -> dict:
+    return httpx.get(url + "/stats", timeout=30).json()["outcomes"]
+
+
+def test_slowloris_connections_are_closed_after_the_header_timeout(server):
+    url, _ = server
+    loris = [connect(url) for _ in range(40)]
+    try:
+        for sock in loris:
+            sock.sendall(b"POST /predict HTTP/1.1\r\nHost: t\r\nX-a: ")  # headers never finished
+        assert serving(url)
+        closed = [read_until_closed(sock) == b"" for sock in loris]
+        assert all(closed)  # every one closed by the server (the read returns only at the close)
+    finally:
+        for sock in loris:
+            sock.close()
+    assert serving(url)
+
+
+def test_an_idle_flood_past_the_open_file_limit_locks_nobody_out(server):
+    url, pid = server
+    idle = []
+    try:
+        for _ in range(OPEN_FILES + 40):  # more than the server could hold open at its fd limit
+            idle.append(connect(url))
+        assert serving(url)  # a new client past the limit: the oldest idle connections were evicted
+        files = psutil.Process(pid).num_fds()
+        assert files <= OPEN_FILES, files
+        assert sum(read_until_closed(sock) == b"" for sock in idle[:50]) == 50  # the oldest were closed
+    finally:
+        for sock in idle:
+            sock.close()
+    assert serving(url)
+
+
+def test_aborted_uploads_are_counted_and_logged_nowhere(server, servers):
+    url, _ = server
+    before = outcomes(url)["abandoned"]
+    for k in range(1, 31):
+        with connect(url) as sock:
+            sock.sendall(request(body=b"{" + b" " * 10)[:-8])  # Content-Length promises more than comes
+        wait_until(lambda k=k: outcomes(url)["abandoned"] == before + k, what=f"aborted upload {k}")
+    assert serving(url)
+    name = next(n for n, u in servers.items() if u == url)
+    assert "Traceback" not in servers.workers[name][0].tail(20_000)
+
+
+def _flood(sock: socket.socket, data: bytes, stop: threading.Event) -> None:
+    sock.settimeout(0.5)
+    view = memoryview(data)
+    while view and not stop.is_set():
+        try:
+            sent = sock.send(view[:65536])
+        except TimeoutError:
+            continue  # the server stopped reading: back-pressure
+        except OSError:
+            return  # the server closed the connection (httptools past its pipeline depth)
+        view = view[sent:]
+
+
+def test_pipelining_without_reading_keeps_memory_bounded(server):
+    url, pid = server
+    burst = request() * 100_000  # 12 MB of requests, none of whose answers is read
+    sock, stop = connect(url), threading.Event()
+    sender = threading.Thread(target=_flood, args=(sock, burst, stop), daemon=True)
+    try:
+        with sample_rss(pid, interval_s=0.02) as rss:
+            sender.start()
+            sender.join(5.0)  # blocked by back-pressure, or done because the server closed
+            assert serving(url)
+        assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+    finally:
+        stop.set()
+        sock.close()
+        sender.join(10)
+
+
+@pytest.mark.parametrize("declared", [400 * 2**20, None], ids=["huge", "chunked"])
+def test_a_huge_body_is_refused_with_memory_bounded(server, declared):
+    url, pid = server
+    head = (f"Content-Length: {declared}\r\n" if declared else "Transfer-Encoding: chunked\r\n").encode()
+    chunk = b"x" * 65536
+    piece = chunk if declared else b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+    sock, stop = connect(url), threading.Event()
+    start = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + head + b"\r\n"
+    sender = threading.Thread(target=_flood, args=(sock, start + piece * 512, stop), daemon=True)  # 32 MiB
+    try:
+        with sample_rss(pid, interval_s=0.02) as rss:
+            sender.start()
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+    finally:
+        stop.set()
+        sock.close()
+        sender.join(10)
+    assert serving(url)
+
+
+def test_a_stalled_body_gets_408_after_the_body_timeout(server):
+    url, _ = server
+    with connect(url) as sock:
+        sock.sendall(
+            request(body=b'{"customer_id": "SC-0000007"}' + b" " * 100)[:-90]
+        )  # part of it, then nothing
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"POST /predict HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400),
+        (b"POST /predict HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 2\r\n\r\n{}", 400),
+        (b"POST /predict HTTP/1.1\r\nHost: a b\r\nContent-Length: 2\r\n\r\n{}", 400),
+        (request(extra=b"Content-Encoding: gzip\r\n"), 415),
+        (request(extra=b"x-request-timeout-ms: soon\r\n"), 400),
+        (
+            request("/predict/", extra=b"Connection: close\r\n").replace(b"Host: t", b"Host: evil.example"),
+            404,
+        ),
+    ],
+    ids=["no-host", "two-hosts", "bad-host", "gzip", "bad-deadline", "trailing-slash"],
+)
+def test_the_head_is_checked_before_any_work(server, raw, status):
+    url, _ = server
+    with connect(url) as sock:
+        sock.sendall(raw)
+        answer = read_until_closed(sock) if b"close" in raw or status == 400 else sock.recv(65536)
+    assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer[:200]
+    assert b"evil.example" not in answer and b"location" not in answer.lower()
+    assert serving(url)
+
+
+def test_error_bodies_never_echo_a_large_request(server):
+    url, _ = server
+    keys = {f"{'k' * 200}{i}": i for i in range(60)}  # a 12 KB body of 60 unknown keys
+    with httpx.Client(base_url=url, timeout=30) as c:
+        answer = c.post("/predict", json={"customer_id": "SC-0000007", **keys})
+    assert answer.status_code == 422
+    assert len(answer.content) <= LIMITS.max_error_body_bytes
+    assert "k" * 200 not in answer.text and "more" in answer.json()["message"]
+
+
+def test_the_replica_bounds_a_stalled_huge_body(replica_files):
+    """Issue 28: one 400 MiB body took the replica from 276 to 685 MB; its stall middleware buffered it."""
+    with start_replica(
+        replica_files.onnx_path,
+        replica_files.store_path,
+        replica_files.model_version,
+        config=ReplicaConfig(slow_fraction=1.0, slow_ms=10.0),
+        server_config=LIMITS,
+        max_lifetime_s=120,
+    ) as replica:
+        pid = replica.process.pid
+        sock, stop = connect(replica.url), threading.Event()
+        start = b"POST /score HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nx-request-id: r1\r\n"
+        start += f"Content-Length: {400 * 2**20}\r\n\r\n".encode()
+        sender = threading.Thread(target=_flood, args=(sock, start + b"x" * 32 * 2**20, stop), daemon=True)
+        try:
+            with sample_rss(pid, interval_s=0.02) as rss:
+                sender.start()
+                answer = read_until_closed(sock)
+            assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+            assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+        finally:
+            stop.set()
+            sock.close()
+            sender.join(10)
+        assert (
+            httpx.post(
+                replica.url + "/score", content=GOOD, headers={"content-type": "application/json"}
+            ).status_code
+            == 200
+        )
