@@ -192,19 +192,8 @@ def test_a_long_value_is_cut():
 #: Files other helpers rewrite on their branches; they convert their checks to core.checks there, and
 #: the entry goes when their branch lands (the test below fails on an entry that no longer matches).
 ALLOWED: dict[str, str] = {
-    "course_lib/serving/server/_config.py": "server runtime (issue 28) rewrites the server configuration",
-    "course_lib/serving/server/_runners.py": "server runtime (issue 28) rewrites the runners",
-    "course_lib/serving/cache/service.py": "cache internals (issue 28) are rewritten fail-open",
-    "course_lib/serving/cache/stores.py": "cache internals (issue 28) are rewritten fail-open",
-    "course_lib/serving/cache/redis_server.py": "process toolkit (issue 25, runtime helper) rewrites it",
-    "course_lib/serving/replica/_middleware.py": "replica runtime (issue 28) rewrites it",
-    "course_lib/serving/cache/key.py": "cache internals (issue 28) are rewritten fail-open",
     "course_lib/grading/gradebook.py": "the grading helper (issue 27) rewrites grading",
     "course_lib/grading/sandbox.py": "the grading helper (issue 27) rewrites grading",
-    "course_lib/measure/generators.py": "runtime helper (issue 28) rewrites the generator processes",
-    "course_lib/measure/load_server.py": "runtime helper (issue 28) rewrites the load-test server",
-    "course_lib/measure/locust_runner.py": "runtime helper (issue 28) rewrites the Locust runner",
-    "course_lib/operate/model_pool.py": "runtime helper (issue 28) rewrites the model pool's processes",
 }
 
 #: Single checks that stay hand-written, each with the reason it is not a call of core.checks.

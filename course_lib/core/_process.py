@@ -362,12 +362,8 @@ def _guard(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("a command is required after --")
-    # The child is started before any thread exists here (fork with threads can deadlock); the
-    # kernel kills it if this guard is killed (SIGKILL leaves no time for anything else).
-    child = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL)
-    )
     lock, done = threading.Lock(), list[bool]()
+    child: subprocess.Popen[bytes] | None = None
 
     def finish() -> None:
         """Stop the command and remove the folders, once (the main thread or the watchdog)."""
@@ -376,7 +372,8 @@ def _guard(argv: Sequence[str] | None = None) -> int:
                 signal.signal(sig, signal.SIG_IGN)
         with lock:
             if not done:
-                stop_process(child, args.stop_timeout_s, group=False)
+                if child is not None:
+                    stop_process(child, args.stop_timeout_s, group=False)
                 for folder in args.remove:
                     shutil.rmtree(folder, ignore_errors=True)
                 done.append(True)
@@ -384,9 +381,15 @@ def _guard(argv: Sequence[str] | None = None) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         raise _GuardStopError(signum)  # out of child.wait() (never wait again inside a signal handler)
 
+    # The handlers come first, so a stop signal is handled however early it arrives (the exec'd command
+    # starts with default handlers again). The child is started before any thread exists here (fork with
+    # threads can deadlock); the kernel kills it if this guard is killed (SIGKILL leaves no time).
     for sig in _GUARD_SIGNALS:
         signal.signal(sig, on_signal)
     try:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL)
+        )
         exit_with_parent(args.parent_pid or None, on_exit=finish, deathsig=signal.SIGTERM, exit_code=1)
         code = child.wait()
     except _GuardStopError as stop:

@@ -37,11 +37,15 @@ def production_command(config: ProductionConfig = PRODUCTION, server: ServerConf
     """
     build_feature_store()
     server = server.replace(
+        http=config.http,
+        loop=config.loop,
         max_batch_size=config.max_batch_size,
         max_queue_delay_ms=config.max_queue_delay_ms,
         max_queue_size=config.max_queue_size,
     )
-    lever_argv = [a for a in config.to_argv() if not a.startswith(("--max-batch-size", "--max-queue"))]
+    # the parser, loop and batcher knobs travel as the server's flags (one flag each)
+    shared = ("--max-batch-size", "--max-queue", "--http", "--loop")
+    lever_argv = [a for a in config.to_argv() if not a.startswith(shared)]
     return [sys.executable, "-m", "course_lib.serving.production", *lever_argv, *to_argv(server)]
 
 

@@ -31,19 +31,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from course_lib.serving.production._app import READY_DIR_ENV, create_production_app, worker_ready_path
 from course_lib.serving.production._config import (
     ENCODERS,
     FORWARD_MODES,
-    HTTP_PARSERS,
-    LOOPS,
+    PRODUCTION,
     RUNTIMES,
     ProductionConfig,
 )
 from course_lib.serving.server import (
     LOOPBACK_HOST,
     PARENT_PID_ENV,
+    READY_FD_ENV,
     ServerConfig,
     add_arguments,
     from_arguments,
@@ -64,19 +65,18 @@ def parse_arguments(
     parser.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime")
     parser.add_argument("--forward", choices=FORWARD_MODES, default="auto")
     parser.add_argument("--encoder", choices=ENCODERS, default="orjson")
-    parser.add_argument("--http", choices=HTTP_PARSERS, default="httptools")
-    parser.add_argument("--loop", choices=LOOPS, default="uvloop")
     parser.add_argument("--workers", type=int, default=None, help="default: one per usable core")
     parser.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
-    add_arguments(parser)  # ServerConfig: lifetime, timeouts, connection limit; its batcher knobs too
+    add_arguments(parser)  # ServerConfig: lifetime, timeouts, connection limit, parser + loop, batcher knobs
+    parser.set_defaults(http=PRODUCTION.http, loop=PRODUCTION.loop)  # the production choice, not h11
     args = parser.parse_args(argv)
     server = from_arguments(args)
     config = ProductionConfig(
         runtime=args.runtime,
         forward=args.forward,
         encoder=args.encoder,
-        http=args.http,
-        loop=args.loop,
+        http=server.http,
+        loop=server.loop,
         workers=args.workers,
         max_batch_size=server.max_batch_size,
         max_queue_delay_ms=server.max_queue_delay_ms,
@@ -92,7 +92,7 @@ def _serve(
     folder = os.environ.get(READY_DIR_ENV)
     if folder is not None:
         worker_ready_path(folder, os.getpid()).touch()
-    serve_app(app, port=args.port, config=server.replace(http=config.http, loop=config.loop), sock=sock)
+    serve_app(app, port=args.port, config=server, sock=sock)
 
 
 def _stop_all(workers: list[subprocess.Popen], grace_s: float) -> None:
@@ -118,7 +118,11 @@ def _supervise(sock: socket.socket, argv: Sequence[str], n_workers: int, server:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with tempfile.TemporaryDirectory(prefix="course-production-") as ready_dir:
-        env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), READY_DIR_ENV: ready_dir}
+        # The workers must not see run_processes' readiness descriptor (it is not passed to them: the number
+        # would name another file there); the supervisor says "ready" once every worker has loaded.
+        env = {k: v for k, v in os.environ.items() if k != READY_FD_ENV}
+        env |= {PARENT_PID_ENV: str(os.getpid()), READY_DIR_ENV: ready_dir}
+        ready_fd = int(os.environ[READY_FD_ENV]) if os.environ.get(READY_FD_ENV) else None
         cmd = [sys.executable, "-m", "course_lib.serving.production", *argv, f"--worker-fd={sock.fileno()}"]
         workers = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),), env=env) for _ in range(n_workers)]
         code = 0
@@ -127,6 +131,10 @@ def _supervise(sock: socket.socket, argv: Sequence[str], n_workers: int, server:
                 if os.getppid() != parent_pid:
                     print(f"production supervisor: parent {parent_pid} is gone; stopping", file=sys.stderr)
                     break
+                if ready_fd is not None and len(list(Path(ready_dir).iterdir())) >= n_workers:
+                    os.write(ready_fd, f"{os.getpid()}\n".encode())
+                    os.close(ready_fd)
+                    ready_fd = None
                 gone = [p for p in workers if p.poll() is not None]
                 if gone:
                     code = gone[0].returncode

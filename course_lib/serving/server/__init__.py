@@ -47,6 +47,7 @@ from course_lib.serving.server._runners import (
 from course_lib.serving.server._serve import (
     LOOPBACK_HOST,
     PARENT_PID_ENV,
+    READY_FD_ENV,
     listening_socket,
     serve_app,
     uvicorn_config,
@@ -63,6 +64,7 @@ __all__ = [
     "OUTCOMES",
     "PARENT_PID_ENV",
     "PROBE_PATHS",
+    "READY_FD_ENV",
     "READY_PATH",
     "Door",
     "DoorCounters",
