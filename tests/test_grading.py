@@ -410,7 +410,7 @@ async def _execute(kc, code: str) -> tuple[str, list[str]]:
     return reply["content"]["status"], out
 
 
-def _in_sandboxed_kernel(tmp_path, scenario, sandbox: str = "auto"):
+def _in_sandboxed_kernel(tmp_path, scenario, sandbox: str = "auto", **manager_options):
     """Run ``scenario(kc, km, folder)`` against a kernel in the ``sandbox`` mechanism whose notebook
     folder is tmp/course/autograded/amy/ps1 (a data file and the notebook, which must not be copied in)."""
     from course_lib.grading.manager import SandboxedKernelManager
@@ -433,6 +433,7 @@ def _in_sandboxed_kernel(tmp_path, scenario, sandbox: str = "auto"):
             tmp_size_bytes=small,
             shm_size_bytes=small,
             cwd_size_bytes=small,
+            **manager_options,
         )
         await km.start_kernel(cwd=str(folder))
         kc = km.client()
@@ -503,3 +504,32 @@ def test_a_sandboxed_kernel_that_kills_itself_dies(tmp_path, sandbox):
         await async_wait_until(dead, timeout_s=30, interval_s=0.05, what="the kernel to die")
 
     _in_sandboxed_kernel(tmp_path, scenario, sandbox)
+
+
+def test_the_watchdog_kills_a_sandboxed_kernel_whose_children_take_too_much_memory(tmp_path):
+    """The mode used where no cgroup can be made (an ordinary user without a delegated cgroup)."""
+    from course_lib.core.waiting import async_wait_until
+
+    hog = (
+        "import os\n"
+        "for _ in range(3):\n"
+        "    if os.fork() == 0:\n"
+        "        block = bytearray(300 * 1024**2)\n"
+        "        for i in range(0, len(block), 4096):\n"
+        "            block[i] = 1\n"
+        "        __import__('time').sleep(60)\n"
+        "        os._exit(0)\n"
+        "__import__('time').sleep(60)\n"
+    )
+
+    async def scenario(kc, km, folder):
+        kc.execute(hog)
+
+        async def dead():
+            return not await km.is_alive()
+
+        await async_wait_until(dead, timeout_s=60, interval_s=0.05, what="the watchdog to kill the sandbox")
+        assert km.events() == ["memory limit reached: the watchdog killed the sandbox"]
+        assert 0 < km.peak_memory_bytes() <= 512 * 1024**2 + 400 * 1024**2
+
+    _in_sandboxed_kernel(tmp_path, scenario, containment="watchdog", sandbox_memory_bytes=512 * 1024**2)

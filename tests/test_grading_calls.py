@@ -224,3 +224,92 @@ def test_a_kernel_that_dies_during_a_call_is_reported_lost(tmp_path):
             await km.shutdown_kernel(now=True)
 
     asyncio.run(scenario())
+
+
+# --- the checks' verdicts, from a fake kernel (no kernel needed) ------------------------------------------
+
+
+class _FakeCalls:
+    """Answers the grader's requests from a table: target -> Answer, or an exception to raise."""
+
+    def __init__(self, answers):
+        self.answers, self.timeouts = answers, []
+
+    def request_sync(self, op, *, target=None, timeout_s, **request):
+        from course_lib.grading.calls import Outcome
+
+        self.timeouts.append(timeout_s)
+        found = self.answers[target or op]
+        if isinstance(found, Exception):
+            raise found
+        return Outcome(found, 0.001)
+
+
+def _verdict(answers, check, **budgets):
+    from course_lib.grading.checks import Checks
+
+    checks = Checks("psx")
+    checks.question("q1")(check)
+    calls = _FakeCalls(answers)
+    settings = {"budget_s": 60.0, "call_timeout_s": 15.0, "notebook_deadline": time.monotonic() + 600}
+    return checks.run("q1", lambda: calls, **{**settings, **budgets}), calls
+
+
+def test_a_question_passes_only_when_every_expectation_holds_and_says_what_failed():
+    from course_lib.grading.wire import Answer, Raised
+
+    def check(q):
+        with q.step("f on other inputs"):
+            q.expect(q.call("f", 1) == 2, "f(1) should be 2")
+
+    passed, _ = _verdict({"f": Answer(value=2)}, check)
+    assert passed.passed and passed.reason == "passed"
+    wrong, _ = _verdict({"f": Answer(value=3)}, check)
+    assert (wrong.passed, wrong.reason, wrong.detail) == (
+        False,
+        "f on other inputs: wrong answer",
+        "f(1) should be 2",
+    )
+    raised, _ = _verdict({"f": Answer(raised=Raised(("KeyError", "Exception"), "SC-1"))}, check)
+    assert raised.reason == "f on other inputs: f raised KeyError" and raised.detail == "SC-1"
+    opaque, _ = _verdict({"f": Answer(value=Opaque("x.EqualsAnything"))}, check)
+    assert opaque.reason == "f on other inputs: wrong answer", (
+        "an object equal to everything equals nothing here"
+    )
+
+
+def test_a_timeout_or_a_lost_kernel_fails_the_question_and_asks_for_a_new_kernel():
+    from course_lib.grading.calls import CallError, KernelLostError
+
+    def check(q):
+        with q.step("slow f"):
+            q.call("f")
+
+    timed_out, _ = _verdict({"f": CallError("took longer than 15 s", "interrupted")}, check)
+    assert timed_out.reason == "slow f: f took longer than 15 s" and not timed_out.kernel_lost
+    lost, _ = _verdict({"f": KernelLostError("ended the kernel (it died during the call)")}, check)
+    assert lost.reason == "slow f: f ended the kernel (it died during the call)" and lost.kernel_lost
+
+
+def test_calls_get_what_is_left_of_the_question_and_the_notebook_budget():
+    from course_lib.grading.wire import Answer
+
+    def check(q):
+        for _ in range(3):
+            q.call("f")
+
+    result, calls = _verdict({"f": Answer(value=1)}, check, notebook_deadline=time.monotonic() + 4)
+    assert result.passed and all(t <= 4 for t in calls.timeouts) and calls.timeouts[0] > 3
+    spent, calls = _verdict({"f": Answer(value=1)}, check, notebook_deadline=time.monotonic() - 1)
+    assert not spent.passed and "ran out" in spent.reason and calls.timeouts == []
+
+
+def test_a_check_that_trips_over_an_odd_value_is_a_wrong_answer_not_a_crash():
+    from course_lib.grading.wire import Answer
+
+    def check(q):
+        with q.step("f's table"):
+            q.expect(q.call("f")["p99_ms"] > 1)  # the answer is not a dict
+
+    result, _ = _verdict({"f": Answer(value=Opaque("x.Y"))}, check)
+    assert not result.passed and result.reason == "f's table: wrong answer" and "TypeError" in result.detail

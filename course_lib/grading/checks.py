@@ -126,10 +126,19 @@ class Question:
 
     @contextlib.contextmanager
     def step(self, label: str) -> Iterator[None]:
-        """Name what the checks inside are about (the reason a failure gives, e.g. "with other seeds")."""
+        """Name what the checks inside are about (the reason a failure gives, e.g. "with other seeds").
+
+        A check inside that trips over an odd value (indexes an answer that is not a dict, say) fails
+        as a wrong answer of this step.
+        """
         outer, self._label = self._label, label
         try:
             yield
+        except (CheckError, GraderError):
+            raise
+        except Exception as error:
+            detail = "".join(traceback.format_exception(error)[-3:])
+            raise CheckError(f"{label}: wrong answer", detail) from None
         finally:
             self._label = outer
 

@@ -117,6 +117,7 @@ class GuardedExecute(Execute):
         self._kept_bytes = 0
         self._dropped = False
         self._limits: list[str] = []
+        self._peak_bytes = 0
         self._results: dict[str, Result] = {}
         self._calls_of: tuple | None = None
         try:
@@ -173,6 +174,7 @@ class GuardedExecute(Execute):
     def _kernel_events(self) -> None:
         for event in getattr(self.km, "events", list)():
             self._limit(event)
+        self._peak_bytes = max(self._peak_bytes, getattr(self.km, "peak_memory_bytes", int)())
 
     async def _async_silent(self, code: str, timeout_s: float) -> dict | None:
         """Run ``code`` silently; its execute reply, or None if none came within ``timeout_s``."""

@@ -107,6 +107,7 @@ class Containment:
     _stop: threading.Event = field(default_factory=threading.Event)
     _watchdog: threading.Thread | None = None
     _events: list[str] = field(default_factory=list)
+    _peak_bytes: int = 0
 
     def wrap(self, command: list[str]) -> list[str]:
         """``command`` started inside the cgroup (a shell joins it, then execs the command)."""
@@ -129,6 +130,7 @@ class Containment:
             if not pids:
                 return
             used = sum(_pss_bytes(pid) for pid in pids) + sum(_used_bytes(r) for r in roots)
+            self._peak_bytes = max(self._peak_bytes, used)
             if used > self.memory_bytes or len(pids) > self.max_processes + 2:  # + sandbox's own init
                 what = "memory" if used > self.memory_bytes else "process"
                 self._events.append(f"{what} limit reached: the watchdog killed the sandbox")
@@ -153,6 +155,15 @@ class Containment:
         if self.pids_dir is not None and _counts(self.pids_dir / "pids.events").get("max"):
             found.append("process limit reached (a fork was refused)")
         return found
+
+    def peak_memory_bytes(self) -> int:
+        """The most memory the sandbox held so far, bytes, as its cgroup or the watchdog saw it (0: unknown)."""
+        if self.memory_dir is not None:
+            for name in ("memory.peak", "memory.max_usage_in_bytes"):
+                text = _read(self.memory_dir / name).strip()
+                if text.isdigit():
+                    return int(text)
+        return self._peak_bytes
 
     def close(self) -> None:
         """Kill whatever of the sandbox is still running and remove its cgroups."""

@@ -50,7 +50,7 @@ __all__ = ["SOCKET_LIMITS", "SandboxedKernelClient", "SandboxedKernelManager"]
 #: Per channel: (largest message frame accepted, bytes; messages queued before more are dropped).
 SOCKET_LIMITS = {
     "shell": (16 * MIB, 16),
-    "iopub": (16 * MIB, 64),
+    "iopub": (16 * MIB, 16),
     "control": (MIB, 16),
     "stdin": (MIB, 16),
     "hb": (4096, 16),
@@ -177,6 +177,10 @@ class SandboxedKernelManager(AsyncKernelManager):
     def events(self) -> list[str]:
         """Limits the sandbox hit so far (memory, processes), for the report."""
         return self._containment.events() if self._containment is not None else []
+
+    def peak_memory_bytes(self) -> int:
+        """The most memory the sandbox held so far, bytes (0 when unknown or unsandboxed)."""
+        return self._containment.peak_memory_bytes() if self._containment is not None else 0
 
     async def _async_pre_start_kernel(self, **kw):  # type: ignore[override]
         if self.sandbox != "none":

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import itertools
+import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import Any, ClassVar
 
 from course_lib.core.bench import interleaved_rounds_ns, p99_median_of_rounds_us
 from course_lib.grading.calls import CallError, KernelCalls
+from course_lib.grading.wire import to_wire
 
 __all__ = ["GraderError", "ReferenceKernel", "Speedup", "speedup"]
 
@@ -42,6 +45,7 @@ class ReferenceKernel:
         self.setup, self._factory, self.setup_timeout_s = setup, manager_factory, setup_timeout_s
         self._km = self._kc = self._calls = None
         self._folder: tempfile.TemporaryDirectory | None = None
+        self._answers: dict[str, Any] = {}
 
     @classmethod
     def shared(cls, setup: str, manager_factory: Callable[[], Any]) -> ReferenceKernel:
@@ -89,8 +93,15 @@ class ReferenceKernel:
         return answer.value
 
     def call(self, target: str, *args: Any, **kwargs: Any) -> Any:
-        """Call the reference kernel's ``target``."""
-        return self.request("call", target=target, args=args, kwargs=kwargs)
+        """Call the reference kernel's ``target``; the same call again returns the kept answer.
+
+        The reference kernel runs only the grader's code, so the same call gives the same answer for
+        every student of the class: it is made once per grading process.
+        """
+        key = json.dumps([target, to_wire(list(args)), to_wire(kwargs)], sort_keys=True)
+        if key not in self._answers:
+            self._answers[key] = self.request("call", target=target, args=args, kwargs=kwargs)
+        return copy.deepcopy(self._answers[key])
 
     def close(self) -> None:
         """Shut the kernel down."""
@@ -139,16 +150,17 @@ def speedup(
     """Time ``baseline`` in the reference kernel and ``student`` in the student's kernel, interleaved.
 
     ``student`` is a function of the notebook, or grader-written source of a ``check(ns, input)`` that
-    calls it (several calls per request, when one is too quick to time against the round trip);
-    ``baseline`` a function of the reference kernel. Every call takes its own input from ``inputs`` (warm-up first, then the rounds; both sides get the
+    calls it (several calls per request: a call much quicker than the round trip between grader and
+    kernel would be timed as the round trip); ``baseline`` a function of the reference kernel. Every
+    request takes its own input from ``inputs`` (warm-up first, then the rounds; both sides get the
     same inputs in the same order) and is timed from the grader's side, request to answer, so both
     include the same round trip. The ratio is ``p99_median_of_rounds_us(baseline) /
-    p99_median_of_rounds_us(student)`` (:mod:`course_lib.core.bench`); ``low`` and ``high`` are the
-    smallest and largest ratio of one round's p99s.
+    p99_median_of_rounds_us(student)`` (:mod:`course_lib.core.bench`) over the requests' times;
+    ``low`` and ``high`` are the smallest and largest ratio of one round's p99s.
 
     Returns
     -------
-    (Speedup, list of (student answer, baseline answer) pairs of every timed and warm-up call)
+    (Speedup, list of (student answer, baseline answer) pairs of every timed and warm-up request)
 
     ``question`` is the :class:`~course_lib.grading.checks.Question` of the check (its calls count
     against the question's budget).

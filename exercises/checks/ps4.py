@@ -41,6 +41,10 @@ def full_scans(ids):
     return [store.get(c, use_index=False) for c in ids]
 
 
+def baseline_scores(ids):
+    return [baseline.score(c) for c in ids]
+
+
 def reference_p(ids):
     return model.predict_proba(pd.DataFrame(records(ids))).astype(float)
 
@@ -71,9 +75,18 @@ CEILING_ABS_PROBABILITY_DIFF = 0.25
 #: Question 6's rule: fast_scorer's p99 at least this many times below the baseline's.
 MIN_SPEEDUP = 3.0
 #: Question 2's rule: lookup_features at least this many times faster than the full scan.
-MIN_LOOKUP_SPEEDUP = 10.0
-LOOKUPS_PER_REQUEST = 5
+MIN_LOOKUP_SPEEDUP = 3.0
+#: Calls per timed request (question 2's lookups, question 6's scores): a request's time is then mostly
+#: the calls' and little the round trip between the grader and the kernel, a few milliseconds that a
+#: busy machine stretches.
+CALLS_PER_REQUEST = 5
+SCORE_ALL = "def check(ns, ids):\n    score = ns['fast_scorer']\n    return [score(c) for c in ids]"
 UNKNOWN = ("SC-9999999", "SC-0")
+
+
+def requests_of(ids: list) -> list[list]:
+    """``ids`` in requests of CALLS_PER_REQUEST customers each."""
+    return [ids[i : i + CALLS_PER_REQUEST] for i in range(0, len(ids), CALLS_PER_REQUEST)]
 
 
 def declared_diff(q) -> float:
@@ -131,8 +144,7 @@ def q2(q):
             got = q.call("lookup_features", cid)
             q.expect(got is None, f"{cid}: got {got!r}")
     with q.step(f"lookup_features at least {MIN_LOOKUP_SPEEDUP:g}x faster than the full scan"):
-        batches = reference.call("sample_ids", LOOKUPS_PER_REQUEST * 7, 4242)
-        batches = [batches[i : i + LOOKUPS_PER_REQUEST] for i in range(0, len(batches), LOOKUPS_PER_REQUEST)]
+        batches = requests_of(reference.call("sample_ids", CALLS_PER_REQUEST * 7, 4242))
         run = "def check(ns, ids):\n    lookup = ns['lookup_features']\n    return [lookup(c) for c in ids]"
         result, pairs = speedup(
             q, student=run, baseline="full_scans", inputs=batches, rounds=3, calls_per_round=2, warmup_calls=1
@@ -221,10 +233,21 @@ def q5(q):
 @CHECKS.question("q6")
 def q6(q):
     diff = declared_diff(q)
-    ids = q.reference.call("sample_ids", 40, 99)
+    batches = requests_of(q.reference.call("sample_ids", CALLS_PER_REQUEST * 16, 99))
     with q.step(f"fast_scorer's p99 at least {MIN_SPEEDUP:g}x below the baseline's, timed by the grader"):
-        result, pairs = speedup(q, student="fast_scorer", baseline="baseline.score", inputs=ids)
+        result, pairs = speedup(
+            q,
+            student=SCORE_ALL,
+            baseline="baseline_scores",
+            inputs=batches,
+            rounds=3,
+            calls_per_round=5,
+            warmup_calls=1,
+        )
         q.note(f"p99 speed-up {result.ratio:.2f}x (rounds {result.low:.1f}-{result.high:.1f})")
         for got, reference in pairs:
-            q.expect(is_float(got) and abs(got - reference) <= diff, f"{got!r} vs {reference}")
+            q.expect(isinstance(got, list) and len(got) == len(reference), f"got {got!r}")
+            q.expect(
+                all(is_float(p) and abs(p - r) <= diff for p, r in zip(got, reference, strict=True)), f"{got}"
+            )
         q.expect(result.ratio >= MIN_SPEEDUP, f"{result.ratio:.2f}x")
