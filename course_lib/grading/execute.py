@@ -238,10 +238,11 @@ class GuardedExecute(Execute):
         ok = self._last_reply is not None and self._last_reply["content"]["status"] == "ok"
         return ok and not any(out.output_type == "error" for out in cell.get("outputs", [])), False
 
-    def _skip(self, cell) -> None:
+    def _skip(self, cell, *, ran: bool = False) -> None:
         budget = f"{self.notebook_budget_s:g} s"
         self._limit(f"the notebook's {budget} ran out: later cells were not run")
-        cell.outputs = [_error_output("NotRun", f"not run: the notebook's {budget} for grading ran out")]
+        if not ran:
+            cell.outputs = [_error_output("NotRun", f"not run: the notebook's {budget} for grading ran out")]
         if is_test_cell(cell):
             grade_id = cell.metadata.nbgrader["grade_id"]
             reason = f"not run: the notebook's {budget} for grading ran out"
@@ -281,7 +282,7 @@ class GuardedExecute(Execute):
             if not (replaced or timed_out):  # replayed after a kernel replacement, errors and all
                 self._replay.append(index)
         elif self._remaining_s() < 1:
-            self._skip(cell)
+            self._skip(cell, ran=True)
         else:
             self._grade(cell)
         self._kernel_events()
