@@ -137,6 +137,15 @@ class GuardedExecute(Execute):
         update_report(
             folder, info["assignment"], info["student"], "limits", self._limits, notebook=info["notebook"]
         )
+        peak_mib = round(self._peak_bytes / 1024**2, 1)
+        update_report(
+            folder,
+            info["assignment"],
+            info["student"],
+            "peak_memory_mib",
+            peak_mib,
+            notebook=info["notebook"],
+        )
 
     # --- budgets ---------------------------------------------------------------------------------
 

@@ -237,8 +237,24 @@ def _own_cgroups() -> dict[str, str]:
     return own
 
 
+#: An empty ``grading-*`` cgroup older than this is a leftover of a grader that was killed: removed.
+STALE_CGROUP_S = 600.0
+
+
+def _sweep(parent: Path) -> None:
+    """Remove empty ``grading-*`` cgroups under ``parent`` older than :data:`STALE_CGROUP_S`."""
+    now = time.time()
+    for folder in parent.glob("grading-*"):
+        try:
+            if now - folder.stat().st_mtime > STALE_CGROUP_S:
+                folder.rmdir()  # fails (harmlessly) if a process is still in it
+        except OSError:
+            pass
+
+
 def _make(parent: Path, settings: dict[str, str]) -> Path | None:
     """A new cgroup under ``parent`` with ``settings`` written (required first), else None."""
+    _sweep(parent)
     folder = parent / f"grading-{secrets.token_hex(6)}"
     try:
         folder.mkdir()

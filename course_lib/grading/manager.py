@@ -30,6 +30,7 @@ and ``ip`` of ``ConnectionFileMixin``, ``_create_connected_socket``); ZeroMQ ``z
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -265,6 +266,17 @@ class SandboxedKernelManager(AsyncKernelManager):
             return stat.S_ISSOCK(os.lstat(path).st_mode)
         except OSError:
             return False
+
+    def kill_sandbox(self) -> None:
+        """Kill the sandbox and remove its cgroups and scratch folder, without the event loop."""
+        if self.provisioner is not None and getattr(self.provisioner, "process", None) is not None:
+            with contextlib.suppress(OSError):
+                self.provisioner.process.kill()
+        if self._containment is not None:
+            self._containment.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
         await super()._async_cleanup_resources(restart=restart)

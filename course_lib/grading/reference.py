@@ -104,12 +104,16 @@ class ReferenceKernel:
         return copy.deepcopy(self._answers[key])
 
     def close(self) -> None:
-        """Shut the kernel down."""
+        """Shut the kernel down (at exit the event loop may be gone: then kill it and clean up directly)."""
         if self._km is not None:
             from jupyter_core.utils import run_sync
 
-            self._kc.stop_channels()
-            run_sync(self._km.shutdown_kernel)(now=True)
+            with contextlib.suppress(Exception):
+                self._kc.stop_channels()
+            try:
+                run_sync(self._km.shutdown_kernel)(now=True)
+            except Exception:
+                self._km.kill_sandbox()
             self._km = self._kc = self._calls = None
         if self._folder is not None:
             self._folder.cleanup()

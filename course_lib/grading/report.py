@@ -57,6 +57,8 @@ def _student_lines(report: dict) -> list[str]:
         lines += [f"  {notebook}: normalised: {event}" for event in found.get("events", [])]
         lines += [f"  {notebook}: flagged: {flag}" for flag in found.get("flags", [])]
         lines += [f"  {notebook}: limit: {event}" for event in found.get("limits", [])]
+        if found.get("limits") and found.get("peak_memory_mib"):
+            lines.append(f"  {notebook}: the sandbox's memory peaked at {found['peak_memory_mib']:g} MiB")
         for grade_id, verdict in found.get("grader", {}).items():
             lines += [f"  {notebook}: {grade_id}: {note}" for note in verdict.get("notes", [])]
             if not verdict.get("passed"):
