@@ -118,6 +118,7 @@ class GuardedExecute(Execute):
         self._dropped = False
         self._limits: list[str] = []
         self._peak_bytes = 0
+        self._containment = "none"
         self._results: dict[str, Result] = {}
         self._calls_of: tuple | None = None
         try:
@@ -136,6 +137,14 @@ class GuardedExecute(Execute):
         )
         update_report(
             folder, info["assignment"], info["student"], "limits", self._limits, notebook=info["notebook"]
+        )
+        update_report(
+            folder,
+            info["assignment"],
+            info["student"],
+            "containment",
+            self._containment,
+            notebook=info["notebook"],
         )
         peak_mib = round(self._peak_bytes / 1024**2, 1)
         update_report(
@@ -184,6 +193,7 @@ class GuardedExecute(Execute):
         for event in getattr(self.km, "events", list)():
             self._limit(event)
         self._peak_bytes = max(self._peak_bytes, getattr(self.km, "peak_memory_bytes", int)())
+        self._containment = getattr(self.km, "containment_kind", "none")
 
     async def _async_silent(self, code: str, timeout_s: float) -> dict | None:
         """Run ``code`` silently; its execute reply, or None if none came within ``timeout_s``."""

@@ -10,7 +10,8 @@ each take 6 GiB. :func:`contain` picks the first way of bounding the whole sandb
    ``pids.max`` in the v1 ``memory`` and ``pids`` hierarchies (root on a hybrid system);
 3. **watchdog**: a thread of the grader that adds up every sandbox process's proportional memory
    (PSS, so pages a fork shares count once) and the sandbox's in-memory file systems every
-   :data:`WATCHDOG_INTERVAL_S` and kills the whole sandbox past the limit or past the process count;
+   :data:`WATCHDOG_INTERVAL_S` (0.05 s) and kills the whole sandbox past the limit or past the process
+   count (so a sandbox can overshoot by what its processes allocate in that time);
    each process also gets ``RLIMIT_AS`` and ``RLIMIT_NPROC`` (:mod:`course_lib.grading.view`), which
    bound how far it can go between two looks. Linux does not apply ``RLIMIT_NPROC`` to processes of
    root, so as root the watchdog's count is the process limit.
@@ -42,7 +43,7 @@ __all__ = ["CONTAINMENTS", "Containment", "contain", "sandbox_processes"]
 
 #: Ways to bound a sandbox, in the order ``auto`` tries them.
 CONTAINMENTS = ("cgroup2", "cgroup1", "watchdog")
-WATCHDOG_INTERVAL_S = 0.1
+WATCHDOG_INTERVAL_S = 0.05
 _JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 121; shift; done; shift; exec "$@"'
 
 

@@ -179,6 +179,11 @@ class SandboxedKernelManager(AsyncKernelManager):
         """Limits the sandbox hit so far (memory, processes), for the report."""
         return self._containment.events() if self._containment is not None else []
 
+    @property
+    def containment_kind(self) -> str:
+        """How the whole sandbox is bounded (:data:`course_lib.grading.limits.CONTAINMENTS`), or ``"none"``."""
+        return self._containment.kind if self._containment is not None else "none"
+
     def peak_memory_bytes(self) -> int:
         """The most memory the sandbox held so far, bytes (0 when unknown or unsandboxed)."""
         return self._containment.peak_memory_bytes() if self._containment is not None else 0
