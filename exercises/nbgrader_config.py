@@ -4,18 +4,20 @@ This folder is the nbgrader course root: run every ``nbgrader`` command from her
 The root is pinned to this file's folder, so a copy of the folder (as the CI round-trip makes) grades
 into its own gradebook and never touches this one.
 
-Autograding runs student code in a sandbox and grades it safely (``course_lib.grading``, see
-``python -m course_lib.grading autograde --help``): each kernel runs under bubblewrap (else util-linux unshare) with the course
-root invisible, the environment read-only, no network and memory/CPU limits; a pre-grading screen
-normalises duplicated or split grade cells and flags kernel-level code for review; test cells score
-from errors only, after a guard clears hooks; a cell that kills or hangs its kernel costs only its own
-questions; feedback shows hidden tests as pass/fail only. Without a working sandbox, autograding
-refuses to run unless ``c.SandboxedKernelManager.sandbox = "none"`` (what ``--unsafe`` sets).
+Autograde with ``python -m course_lib.grading autograde <ps>`` (see ``--help`` and docs/instructors.md):
+intake checks every hand-in first (only regular notebook files, size-limited, renamed copies matched,
+nothing else copied); each kernel runs under bubblewrap (else util-linux unshare) with the course root
+invisible, the environment read-only, no network, in-memory scratch folders and memory/process limits
+for the whole sandbox; the notebook runs top to bottom within its budgets; at each test cell the
+grader's checks (``checks/<ps>.py``, which no kernel and no student sees) call the student's functions
+with hidden inputs and judge the answers in the grader's process; points go into the gradebook from
+those verdicts only. Plain ``nbgrader autograde`` (and formgrader's Autograde button) refuses, because
+it would read raw hand-ins. Without a working sandbox, autograding refuses to run unless
+``c.SandboxedKernelManager.sandbox = "none"`` (what ``--unsafe`` sets).
 
 References
 ----------
 nbgrader 0.9 configuration options: https://nbgrader.readthedocs.io/en/stable/configuration/config_options.html
-Deleted grade cells: jupyter/nbgrader#1682, fixed by ``OverwriteCells.add_missing_cells`` (PR #1770).
 Duplicated grade cells: jupyter/nbgrader#1083 (open), handled by ``ScreenSubmission``.
 """
 
@@ -29,7 +31,7 @@ COURSE_ROOT = os.path.dirname(os.path.abspath(__file__))
 # the checkout first on PYTHONPATH.
 sys.path.append(os.path.dirname(COURSE_ROOT))
 
-from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (  # noqa: E402
     AssignLatePenalties,
     CheckCellMetadata,
@@ -42,8 +44,9 @@ from nbgrader.preprocessors import (  # noqa: E402
     OverwriteKernelspec,
 )
 
-from course_lib.grading.execute import ErrorOnlyGrades, GuardedExecute  # noqa: E402
-from course_lib.grading.feedback import HideHiddenTests  # noqa: E402
+from course_lib.grading.execute import GraderScores, GuardedExecute  # noqa: E402
+from course_lib.grading.feedback import HeldForReviewNote, SafeHTML  # noqa: E402
+from course_lib.grading.intake import IntakeOnlyExporter  # noqa: E402
 from course_lib.grading.screen import ScreenSubmission  # noqa: E402
 
 c.CourseDirectory.course_id = "inference-workbook"
@@ -51,22 +54,28 @@ c.CourseDirectory.root = COURSE_ROOT
 # The gradebook is a SQLite file next to this config; it is instructor-local and git-ignored.
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(COURSE_ROOT, "gradebook.db")
 
-# Every cell of a submission runs under a per-cell time limit. A cell that runs longer (an infinite loop)
-# is interrupted, recorded as an error (so its question scores 0) and grading goes on with the next cell.
-# A cell that ignores the interrupt, or kills its kernel, gets an error too; the kernel is replaced and
-# the earlier cells replayed. The exercises' cells take well under a second, so 15 s leaves a wide margin
-# on a busy 2-core machine. (A test cell runs as two parts, visible then hidden checks, 15 s each.)
+# Autograde reads only what intake let through (intake/), never submitted/ directly.
+c.Autograde.exporter_class = IntakeOnlyExporter
+
+# Budgets, stated in every problem statement. A cell runs at most 15 s (then it is interrupted and
+# recorded as an error); each call the grader makes into a student's function at most 15 s, all of one
+# question's calls at most 60 s; the whole notebook (cells, checks, kernel restarts) at most 10 minutes,
+# after which the rest is not run and its questions score 0. A cell or call that ignores the interrupt,
+# or kills its kernel, costs only the questions that need it: the kernel is replaced and the earlier
+# cells replayed.
 c.Execute.timeout = 15
 c.Execute.interrupt_on_timeout = True
+c.GuardedExecute.call_timeout_s = 15
+c.GuardedExecute.question_budget_s = 60
+c.GuardedExecute.notebook_budget_s = 600
+c.GuardedExecute.output_budget_bytes = 8 * 1024**2
+c.GuardedExecute.checks_dir = os.path.join(COURSE_ROOT, "checks")
+c.GuardedExecute.report_dir = os.path.join(COURSE_ROOT, "reports")
 
-# A student who deletes a locked test cell would otherwise leave that grade "needing manual grading"
-# forever (nothing to grade). With this option autograde re-inserts the cell from the gradebook after the
-# answer cell before it and grades it like any other.
-c.OverwriteCells.add_missing_cells = True
+# The screen puts back deleted cells itself (from release/), so nbgrader's own re-insertion, which fails
+# with a KeyError when an answer cell was deleted with its test cell, stays off.
+c.OverwriteCells.add_missing_cells = False
 
-# Pre-grading screen (before DeduplicateIds, which would silently empty all but one copy's metadata,
-# and OverwriteCells) and safe execution/grading (replacing Execute and
-# SaveAutoGrades). Instructor reports: reports/<assignment>/<student>.json.
 c.Autograde.sanitize_preprocessors = [
     ClearOutput,
     ScreenSubmission,
@@ -78,18 +87,24 @@ c.Autograde.sanitize_preprocessors = [
 c.Autograde.autograde_preprocessors = [
     GuardedExecute,
     IgnorePattern,
-    ClearMetadataPreprocessor,
     LimitOutput,
-    ErrorOnlyGrades,
+    SafeHTML,
+    GraderScores,
     AssignLatePenalties,
     CheckCellMetadata,
 ]
 c.ScreenSubmission.report_dir = os.path.join(COURSE_ROOT, "reports")
-c.ErrorOnlyGrades.report_dir = os.path.join(COURSE_ROOT, "reports")
-# Kernel sandbox (auto: bubblewrap, else unshare) and its limits: 4 GiB of address space, 600 CPU seconds per kernel.
-c.SandboxedKernelManager.sandbox = "auto"
-c.SandboxedKernelManager.memory_limit_bytes = 4 * 1024**3
-c.SandboxedKernelManager.cpu_limit_s = 600
+c.ScreenSubmission.release_dir = os.path.join(COURSE_ROOT, "release")
 
-# Feedback shows hidden tests as pass/fail only (no source, no traceback).
-c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, HideHiddenTests]
+# Kernel sandbox (auto: bubblewrap, else unshare) and its limits. The whole sandbox (every process and
+# its in-memory files) gets 3 GiB and 64 processes (a cgroup where one can be made, else the grader's
+# watchdog); each process 4 GiB of address space and 900 CPU seconds; files at most 256 MiB each, in
+# in-memory folders of 256 MiB (the notebook's folder, /tmp) and 64 MiB (/dev/shm).
+c.SandboxedKernelManager.sandbox = "auto"
+c.SandboxedKernelManager.sandbox_memory_bytes = 3 * 1024**3
+c.SandboxedKernelManager.max_processes = 64
+c.SandboxedKernelManager.memory_limit_bytes = 4 * 1024**3
+c.SandboxedKernelManager.cpu_limit_s = 900
+
+# Feedback: student HTML sanitized, a line on submissions held for review.
+c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, SafeHTML, HeldForReviewNote]

@@ -2,7 +2,7 @@
 
 Real nbgrader validations of a one-question notebook (a kernel each, a few seconds). nbgrader's own rule
 fails a test cell that wrote to stderr or displayed a number below its points; the autograder
-(``ErrorOnlyGrades``, see the round trip's warning and logging students) gives such an answer its
+(the grader's checks, see the round trip's warning and logging students) gives such an answer its
 points, and so must Validate with the students' configuration, loaded the way nbgrader's Validate
 button loads it, and ``python -m course_lib.grading validate``.
 """

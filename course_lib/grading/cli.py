@@ -1,16 +1,22 @@
-"""``python -m course_lib.grading``: sandboxed autograde, screen report, feedback and score tables.
+"""``python -m course_lib.grading``: intake, sandboxed autograde, report, feedback and score tables.
 
 Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``exercises/``):
 
-``autograde PS [--student ID] [--force] [--sandbox auto|bwrap|unshare] [--unsafe]``
+``autograde PS [--student ID] [--force] [--sandbox auto|bwrap|unshare] [--unsafe] [-- NBGRADER_ARGS]``
     Checks that a kernel sandbox works (``auto``: bubblewrap, else util-linux ``unshare``), refuses
-    with the reason if none does (unless ``--unsafe``), runs ``nbgrader autograde PS`` with it, then
-    prints the screen report and the scores.
+    with the reason if none does (unless ``--unsafe``), runs intake (:mod:`course_lib.grading.intake`),
+    runs ``nbgrader autograde PS`` on what intake let through (the grader's checks of
+    ``checks/PS.py`` decide the points), then prints the report and the scores. Arguments after
+    ``--`` go to nbgrader (``--GuardedExecute.notebook_budget_s=120``). Exits 1 if a submission
+    could not be graded.
+``intake PS``
+    Intake alone: what would be graded, renamed or refused.
 ``report PS``
-    The pre-grading screen report: per student, every normalisation, flag and withheld score.
-``feedback PS [--full]``
-    ``nbgrader generate_feedback PS``: hidden tests as pass/fail only; ``--full`` writes the
-    instructor's version with hidden tests into ``feedback_full/`` instead.
+    The instructor report: per student, what intake refused, what the screen normalised and
+    flagged, which of the grader's checks failed and why (with the details students do not see),
+    which limits a submission hit, and whether it is held for review.
+``feedback PS``
+    ``nbgrader generate_feedback PS``: sanitized pages with the grader's verdict per question.
 ``validate NOTEBOOK [...]`` (for students)
     Runs each notebook and checks it as the autograder will: a check fails only if it raises
     (warnings and log messages do not count); exits 1 if any fails.
@@ -21,51 +27,83 @@ Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from course_lib.grading.gradebook import _course_root, question_scores, run_nbgrader, score_table
+from course_lib.grading.gradebook import (
+    _course_root,
+    gradebook_url,
+    question_scores,
+    run_nbgrader,
+    score_table,
+)
+from course_lib.grading.intake import INTAKE_DIR, intake
+from course_lib.grading.report import report_text
 from course_lib.grading.sandbox import MECHANISMS, find_sandbox
 
-__all__ = ["main", "screen_report"]
+__all__ = ["main", "run_intake"]
 
-COMMANDS = ("autograde", "report", "feedback", "validate", "scores")
+COMMANDS = ("autograde", "intake", "report", "feedback", "validate", "scores")
 #: Exit status when autograde refuses to run without a sandbox.
 EXIT_NO_SANDBOX = 3
+#: Exit status when the course's nbgrader_config.py does not load (nbgrader would grade without it).
+EXIT_BAD_CONFIG = 4
 
 
-def screen_report(course_root: str | os.PathLike | None, assignment: str) -> str:
-    """The screen report of ``assignment`` as text: one block per student with anything to report.
+def config_error(course_root) -> str | None:
+    """Why ``<course_root>/nbgrader_config.py`` does not load, or None if it does.
 
-    Reads ``<course_root>/reports/<assignment>/<student>.json`` (written while autograding).
-    Students with nothing to report are listed on one line at the end.
+    nbgrader logs a configuration file that raises and carries on with its defaults, which would
+    grade with plain ``Execute``: unsandboxed, by nbgrader's own rule.
     """
-    folder = _course_root(course_root) / "reports" / assignment
-    blocks, clean = [], []
-    for path in sorted(folder.glob("*.json")):
-        report = json.loads(path.read_text())
-        lines = []
-        for notebook, found in sorted(report.get("notebooks", {}).items()):
-            lines += [f"  {notebook}: normalised: {event}" for event in found.get("events", [])]
-            lines += [f"  {notebook}: FLAGGED: {flag}" for flag in found.get("flags", [])]
-        for notebook, scores in sorted(report.get("withheld_scores", {}).items()):
-            earned = ", ".join(f"{q} {s:g}" for q, s in scores.items())
-            lines.append(f"  {notebook}: held at 0 pending review; the autograder's scores were: {earned}")
-        if lines:
-            blocks.append(f"{path.stem}\n" + "\n".join(lines))
-        else:
-            clean.append(path.stem)
-    if not blocks and not clean:
-        return f"no screen reports for {assignment} in {folder}"
-    summary = f"nothing to report: {', '.join(clean)}" if clean else ""
-    return "\n".join([f"Screen report for {assignment}", *blocks, summary]).strip()
+    from traitlets.config.loader import PyFileConfigLoader
+
+    path = _course_root(course_root) / "nbgrader_config.py"
+    if not path.is_file():
+        return f"{path} does not exist"
+    try:
+        PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    except Exception as error:
+        return f"{path} raises {type(error).__name__}: {error}"
+    return None
+
+
+def _notebooks(course_root, assignment: str) -> list[str]:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(gradebook_url(course_root), course_id="") as gradebook:
+        try:
+            return [nb.name for nb in gradebook.find_assignment(assignment).notebooks]
+        except MissingEntry:
+            raise ValueError(
+                f"assignment {assignment!r} is not in the gradebook: run `nbgrader generate_assignment {assignment}`"
+            ) from None
+
+
+def run_intake(course_root, assignment: str, *, student: str | None = None) -> list:
+    """Intake of ``assignment`` in ``course_root``, printing one line per thing to report.
+
+    Returns the :class:`~course_lib.grading.intake.StudentIntake` list.
+    """
+    root = _course_root(course_root)
+    results = intake(
+        root, assignment, _notebooks(root, assignment), db_url=gradebook_url(root), student=student
+    )
+    for result in results:
+        for line in result.lines:
+            print(f"intake {result.student}: {line}")
+    graded = sum(bool(r.accepted) for r in results)
+    print(f"intake: {graded} of {len(results)} submissions of {assignment} go to nbgrader ({INTAKE_DIR}/)")
+    return results
 
 
 def _autograde(args) -> int:
+    broken = config_error(args.course_root)
+    if broken is not None:
+        print(f"Refusing to autograde {args.assignment}: {broken}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     check = find_sandbox("none" if args.unsafe else args.sandbox)
     if check.mechanism is None and not args.unsafe:
         print(
@@ -79,28 +117,37 @@ def _autograde(args) -> int:
         print(f"Student kernels run in the `{check.mechanism}` sandbox.", file=sys.stderr)
     else:
         print("WARNING: --unsafe: student code runs without a sandbox, with your rights.", file=sys.stderr)
-    nbgrader_args = ["autograde", args.assignment]
+    results = run_intake(args.course_root, args.assignment, student=args.student)
+    nbgrader_args = ["autograde", args.assignment, f"--CourseDirectory.submitted_directory={INTAKE_DIR}"]
     if args.student:
         nbgrader_args.append(f"--student={args.student}")
     if args.force:
         nbgrader_args.append("--force")
     # The mechanism that passed the check (nbgrader's kernels would otherwise search again).
     nbgrader_args.append(f"--SandboxedKernelManager.sandbox={check.mechanism or 'none'}")
-    done = run_nbgrader(*nbgrader_args, course_root=args.course_root, timeout_s=args.timeout_s)
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line or "There was an error" in line]
-    print("\n".join(errors[-20:]) or "nbgrader autograde: no errors")
-    print(screen_report(args.course_root, args.assignment))
+    nbgrader_args += args.nbgrader_args
+    status = 0
+    if any(r.accepted for r in results):
+        done = run_nbgrader(*nbgrader_args, course_root=args.course_root, timeout_s=args.timeout_s)
+        errors = [
+            line for line in done.stderr.splitlines() if "ERROR" in line or "There was an error" in line
+        ]
+        print("\n".join(errors[-20:]) or "nbgrader autograde: no errors")
+        status = done.returncode
+        if "Exception while loading config file" in done.stderr:
+            print(
+                "nbgrader could not load the course's configuration: these grades are not valid",
+                file=sys.stderr,
+            )
+            status = EXIT_BAD_CONFIG
+    print(report_text(_course_root(args.course_root) / "reports", args.assignment))
     _print_scores(args.course_root, [args.assignment])
-    return done.returncode
+    return status or int(any(r.unreadable for r in results))
 
 
 def _feedback(args) -> int:
-    extra = ["--HideHiddenTests.enabled=False", "--CourseDirectory.feedback_directory=feedback_full"]
-    done = run_nbgrader(
-        "generate_feedback", args.assignment, *(extra if args.full else []), course_root=args.course_root
-    )
-    folder = "feedback_full" if args.full else "feedback"
-    print(f"feedback in {Path(_course_root(args.course_root)) / folder} (exit {done.returncode})")
+    done = run_nbgrader("generate_feedback", args.assignment, course_root=args.course_root)
+    print(f"feedback in {Path(_course_root(args.course_root)) / 'feedback'} (exit {done.returncode})")
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
     return done.returncode
@@ -134,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         argv = ["scores", *argv]
     parser = argparse.ArgumentParser(prog="python -m course_lib.grading", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    grade = commands.add_parser("autograde", help="sandboxed nbgrader autograde + screen report + scores")
+    grade = commands.add_parser("autograde", help="intake + sandboxed nbgrader autograde + report + scores")
     grade.add_argument("assignment")
     grade.add_argument("--student", default=None, help="grade only this student")
     grade.add_argument("--force", action="store_true", help="grade again submissions already graded")
@@ -147,23 +194,34 @@ def main(argv: list[str] | None = None) -> None:
     grade.add_argument(
         "--unsafe", action="store_true", help="grade without a sandbox (student code gets your rights)"
     )
-    grade.add_argument("--timeout-s", type=float, default=3600.0, help="limit for the whole command, seconds")
-    report = commands.add_parser("report", help="pre-grading screen report")
+    grade.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="limit for the whole command, seconds (default: none; each notebook has its own budget)",
+    )
+    intake_ = commands.add_parser("intake", help="intake alone: what would be graded, renamed, refused")
+    intake_.add_argument("assignment")
+    report = commands.add_parser("report", help="the instructor report")
     report.add_argument("assignment")
-    feedback = commands.add_parser("feedback", help="feedback without hidden tests (--full: with them)")
+    feedback = commands.add_parser("feedback", help="sanitized feedback with the grader's verdicts")
     feedback.add_argument("assignment")
-    feedback.add_argument("--full", action="store_true", help="instructor version into feedback_full/")
     check = commands.add_parser("validate", help="(students) check notebooks as the autograder will")
     check.add_argument("notebooks", nargs="+", help="the .ipynb files to check")
     scores = commands.add_parser("scores", help="per-question score tables")
     scores.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
-    for sub in (grade, report, feedback, scores):
+    for sub in (grade, intake_, report, feedback, scores):
         sub.add_argument("--course-root", default=None, help="nbgrader course root (default: exercises/)")
-    args = parser.parse_args(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.nbgrader_args = extra
     if args.command == "autograde":
         status = _autograde(args)
+    elif args.command == "intake":
+        run_intake(args.course_root, args.assignment)
+        status = 0
     elif args.command == "report":
-        print(screen_report(args.course_root, args.assignment))
+        print(report_text(_course_root(args.course_root) / "reports", args.assignment))
         status = 0
     elif args.command == "feedback":
         status = _feedback(args)

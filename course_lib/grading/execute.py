@@ -1,34 +1,36 @@
-"""nbgrader preprocessors that execute a submission safely and grade its test cells from errors only.
+"""nbgrader preprocessors that run a submission within its budgets and grade it from the grader's checks.
 
 :class:`GuardedExecute` replaces nbgrader's ``Execute`` in ``Autograde.autograde_preprocessors``:
 
-* kernels start in the sandbox of :class:`~course_lib.grading.sandbox.SandboxedKernelManager`;
-* before each test cell the kernel-side guard (:mod:`course_lib.grading.guard`) clears hooks that
-  student code installed, and each test cell runs in two parts, the visible checks then the hidden
-  ones, so the result of each part is known and the feedback can show the first without the second;
-* a cell that outlives the per-cell timeout and ignores the interrupt, or kills its kernel, gets an
-  error output; the kernel is replaced, the earlier non-test cells are replayed silently, and
-  grading goes on: the bad cell costs its own questions only.
+* kernels start in the sandbox of :class:`~course_lib.grading.manager.SandboxedKernelManager`;
+* the notebook runs top to bottom (Restart & Run All), each cell within ``Execute.timeout`` seconds,
+  the whole notebook within ``notebook_budget_s``: past it, the rest is not run and its questions
+  score 0. Outputs past ``output_budget_bytes`` are dropped;
+* a test cell runs as the student saw it (its visible checks, for the feedback: they decide nothing);
+  then the grader's checks of that question (:mod:`course_lib.grading.checks`, from
+  ``<checks_dir>/<assignment>.py``) call the student's functions with hidden inputs and judge the
+  answers in this process, within ``question_budget_s``. A note with the verdict is appended to the
+  cell's outputs;
+* a cell or a call that outlives its time and ignores the interrupt, or kills its kernel, gets an
+  error; the kernel is replaced, the earlier non-test cells are replayed silently, and grading goes
+  on: the bad cell costs its own questions only.
 
-The result of each test cell is written to its metadata under ``course_grading``
-(``{"visible": "passed"|"failed", "hidden": "passed"|"failed"|"not run", "passed": bool}``).
-:class:`ErrorOnlyGrades` replaces ``SaveAutoGrades``: a test cell scores its points when both parts
-ran without error and 0 otherwise. nbgrader's own rule also reads a test cell's first
-``execute_result`` as partial credit (any non-number meaning full marks) and any stderr as failure;
-neither applies here, so a stray displayed value grants nothing and a warning costs nothing. A
-submission the screen flagged is recorded as 0 needing manual grading, with the score it would have
-had in the instructor report.
+The verdicts travel to :class:`GraderScores` in ``resources`` (never through anything the kernel can
+write); it records each test cell's points in the gradebook (nbgrader's ``SaveAutoGrades`` with
+``auto_score`` from the verdict). A submission held for review (:mod:`course_lib.grading.screen`)
+keeps its scores and is marked as needing manual grading.
 
 References
 ----------
-nbgrader 0.9 ``nbgrader.preprocessors.Execute``/``SaveAutoGrades`` and ``utils.determine_grade``;
-nbclient ``NotebookClient.async_execute_cell`` (timeouts, ``DeadKernelError``).
+nbgrader 0.9 ``nbgrader.preprocessors.Execute``/``SaveAutoGrades``; nbclient ``NotebookClient``
+(``async_execute_cell``, ``output``, ``_get_timeout``, ``DeadKernelError``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
+import time
 from pathlib import Path
 from queue import Empty
 
@@ -37,48 +39,60 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader import utils
 from nbgrader.preprocessors import Execute, SaveAutoGrades
-from traitlets import Integer, Unicode
+from traitlets import Float, Integer, Unicode
 
-from course_lib.grading import guard
-from course_lib.grading.sandbox import SandboxedKernelManager
+from course_lib.grading.calls import KernelCalls
+from course_lib.grading.checks import GraderError, Result, load_checks
+from course_lib.grading.manager import SandboxedKernelManager
+from course_lib.grading.report import update_report
 
-__all__ = ["RESULT_KEY", "ErrorOnlyGrades", "GuardedExecute", "split_hidden_tests"]
+__all__ = ["NOTE_PREFIX", "RESULT_KEY", "SCREEN_KEY", "GraderScores", "GuardedExecute", "is_test_cell"]
 
-#: Cell metadata key holding a test cell's result (the screen strips it from submissions).
+#: ``resources`` key (and cell metadata key, public part only) of the grader's verdicts.
 RESULT_KEY = "course_grading"
 #: Notebook metadata key holding the screen's findings (set by :mod:`course_lib.grading.screen`).
 SCREEN_KEY = "course_grading_screen"
-HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
-
-
-def split_hidden_tests(source: str) -> tuple[str, str]:
-    """Split a test cell into (visible checks, hidden checks); lines after the hidden block go last."""
-    visible, hidden, after, where = [], [], [], "visible"
-    for line in source.split("\n"):
-        if HIDDEN_BEGIN in line:
-            where = "hidden"
-        elif HIDDEN_END in line:
-            where = "after"
-        else:
-            {"visible": visible, "hidden": hidden, "after": after}[where].append(line)
-    return "\n".join(visible).strip("\n"), "\n".join(hidden + after).strip("\n")
+#: First words of the note appended to each test cell's outputs.
+NOTE_PREFIX = "Grader's checks"
 
 
 def _error_output(ename: str, evalue: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
-def _is_test_cell(cell) -> bool:
+def _note(text: str) -> NotebookNode:
+    return NotebookNode(output_type="stream", name="stdout", text=text)
+
+
+def is_test_cell(cell) -> bool:
+    """A graded code cell that is not an answer cell (nbgrader's autograded test cell)."""
     return cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
 
 
-class GuardedExecute(Execute):
-    """nbgrader's ``Execute`` with a sandboxed kernel, guarded test cells and kernel replacement."""
+def _output_bytes(msg: dict) -> int:
+    content = msg.get("content") or {}
+    size = len(str(content.get("text", "")))
+    size += sum(len(str(value)) for value in (content.get("data") or {}).values())
+    size += sum(len(str(line)) for line in content.get("traceback") or [])
+    return size
 
-    max_kernel_restarts = Integer(5, help="kernel replacements per notebook before the rest fails").tag(
+
+class GuardedExecute(Execute):
+    """nbgrader's ``Execute`` with budgets, the grader's checks and kernel replacement (see the module)."""
+
+    checks_dir = Unicode("", help="folder of the grader's checks, <checks_dir>/<assignment>.py").tag(
         config=True
     )
-    guard_timeout_s = Integer(30, help="seconds the guard may take (it imports numpy at kernel start)").tag(
+    report_dir = Unicode("", help="folder of the instructor reports (default ./reports)").tag(config=True)
+    notebook_budget_s = Float(600.0, help="seconds for a whole notebook: cells, checks, restarts").tag(
+        config=True
+    )
+    question_budget_s = Float(60.0, help="seconds for all the grader's calls of one question").tag(
+        config=True
+    )
+    call_timeout_s = Float(15.0, help="seconds for one call of the grader's").tag(config=True)
+    output_budget_bytes = Integer(8 * 1024**2, help="outputs kept per notebook, bytes").tag(config=True)
+    max_kernel_restarts = Integer(5, help="kernel replacements per notebook before the rest fails").tag(
         config=True
     )
 
@@ -87,21 +101,99 @@ class GuardedExecute(Execute):
         super().__init__(*args, **kwargs)
 
     def preprocess(self, nb, resources=None, km=None):
+        info = resources["nbgrader"]
+        self._checks = load_checks(self.checks_dir or "checks", info["assignment"])
+        missing = [
+            cell.metadata.nbgrader["grade_id"]
+            for cell in nb.cells
+            if is_test_cell(cell) and cell.metadata.nbgrader["grade_id"] not in self._checks.questions
+        ]
+        if missing:
+            raise GraderError(f"the grader's checks of {info['assignment']} have no function for {missing}")
+        self._deadline = time.monotonic() + self.notebook_budget_s
         self._replay: list[int] = []
         self._restarts = 0
         self._last_reply = None
-        return super().preprocess(nb, resources, km)
+        self._kept_bytes = 0
+        self._dropped = False
+        self._limits: list[str] = []
+        self._peak_bytes = 0
+        self._containment = "none"
+        self._results: dict[str, Result] = {}
+        self._calls_of: tuple | None = None
+        try:
+            nb, resources = super().preprocess(nb, resources, km)
+        finally:
+            self._record(resources)
+        resources[RESULT_KEY] = {grade_id: r.passed for grade_id, r in self._results.items()}
+        return nb, resources
+
+    def _record(self, resources) -> None:
+        info = resources["nbgrader"]
+        verdicts = {gid: dataclasses.asdict(r) for gid, r in self._results.items()}
+        folder = self.report_dir or "reports"
+        update_report(
+            folder, info["assignment"], info["student"], "grader", verdicts, notebook=info["notebook"]
+        )
+        update_report(
+            folder, info["assignment"], info["student"], "limits", self._limits, notebook=info["notebook"]
+        )
+        update_report(
+            folder,
+            info["assignment"],
+            info["student"],
+            "containment",
+            self._containment,
+            notebook=info["notebook"],
+        )
+        peak_mib = round(self._peak_bytes / 1024**2, 1)
+        update_report(
+            folder,
+            info["assignment"],
+            info["student"],
+            "peak_memory_mib",
+            peak_mib,
+            notebook=info["notebook"],
+        )
+
+    # --- budgets ---------------------------------------------------------------------------------
+
+    def _remaining_s(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def _get_timeout(self, cell):
+        timeout = super()._get_timeout(cell) or self.call_timeout_s
+        return max(1, min(int(timeout), int(self._remaining_s())))
+
+    def _limit(self, event: str) -> None:
+        if event not in self._limits:
+            self._limits.append(event)
+            self.log.warning("limit: %s", event)
+
+    def output(self, outs, msg, display_id, cell_index):
+        size = _output_bytes(msg)
+        if self._kept_bytes + size > self.output_budget_bytes:
+            if not self._dropped:
+                self._dropped = True
+                mib = self.output_budget_bytes / 1024**2
+                self._limit(f"outputs past {mib:g} MiB were dropped")
+                outs.append(_note(f"[output dropped: the notebook's outputs passed {mib:g} MiB]\n"))
+            return None
+        self._kept_bytes += size
+        return super().output(outs, msg, display_id, cell_index)
 
     # --- kernel life -----------------------------------------------------------------------------
 
-    async def async_start_new_kernel_client(self):
-        kc = await super().async_start_new_kernel_client()
-        reply = await self._async_silent(guard.install_code(), self.guard_timeout_s)
-        if reply is None or reply["content"]["status"] != "ok":
-            raise RuntimeError(f"the grading guard could not be installed: {reply and reply['content']}")
-        return kc
+    def _calls(self) -> KernelCalls:
+        if self._calls_of is None or self._calls_of[0] is not self.kc:
+            self._calls_of = (self.kc, KernelCalls(self.km, self.kc))
+        return self._calls_of[1]
 
-    start_new_kernel_client = run_sync(async_start_new_kernel_client)
+    def _kernel_events(self) -> None:
+        for event in getattr(self.km, "events", list)():
+            self._limit(event)
+        self._peak_bytes = max(self._peak_bytes, getattr(self.km, "peak_memory_bytes", int)())
+        self._containment = getattr(self.km, "containment_kind", "none")
 
     async def _async_silent(self, code: str, timeout_s: float) -> dict | None:
         """Run ``code`` silently; its execute reply, or None if none came within ``timeout_s``."""
@@ -122,7 +214,10 @@ class GuardedExecute(Execute):
     def _replace_kernel(self, why: str) -> None:
         """Kill the kernel, start a fresh one, replay the non-test cells that ran well so far."""
         self._restarts += 1
+        self._kernel_events()
         self.log.warning("Replacing the kernel (%s); replacement %d", why, self._restarts)
+        if self._restarts > self.max_kernel_restarts:
+            raise RuntimeError(f"more than {self.max_kernel_restarts} kernel replacements")
         shutdown, self.shutdown_kernel = self.shutdown_kernel, "immediate"
         try:
             self._cleanup_kernel()
@@ -132,7 +227,8 @@ class GuardedExecute(Execute):
         self.start_new_kernel()
         self.start_new_kernel_client()
         for index in list(self._replay):
-            reply = self._silent(self.nb.cells[index].source, self._get_timeout(None) or 60)
+            timeout = min(self._get_timeout(None), max(self._remaining_s(), 0.0))
+            reply = self._silent(self.nb.cells[index].source, timeout) if timeout > 0 else None
             if reply is None:  # the replayed cell hangs now: drop it and start again without it
                 self._replay.remove(index)
                 self._replace_kernel(f"cell {index} hung when replayed")
@@ -156,88 +252,95 @@ class GuardedExecute(Execute):
                 note = f"no answer {self.iopub_timeout} s after the interrupt: the cell ignored it"
             cell.setdefault("outputs", []).append(_error_output(type(error).__name__, note))
             self.nb.cells[index] = cell
-            if self._restarts >= self.max_kernel_restarts:
-                raise RuntimeError(f"more than {self.max_kernel_restarts} kernel replacements") from error
             self._replace_kernel(note)
             return False, True
         ok = self._last_reply is not None and self._last_reply["content"]["status"] == "ok"
         return ok and not any(out.output_type == "error" for out in cell.get("outputs", [])), False
 
-    def _run_part(self, cell, index: int, source: str) -> tuple[bool, list]:
-        """Run ``source`` as if it were ``cell`` after the guard; (ran without error, outputs)."""
-        reply = self._silent(guard.restore_code(), self.guard_timeout_s)
-        if reply is None:  # a hook that hangs the kernel before any code runs
-            self._replace_kernel("the guard got no answer")
-        if reply is None or reply["content"]["status"] != "ok":
-            return False, [_error_output("GradingGuardError", "the kernel's state was tampered with")]
-        part = NotebookNode({**cell, "source": source, "outputs": [], "metadata": cell.metadata})
-        ok, _ = self._run(part, index)
-        self.nb.cells[index] = cell
-        return ok, list(part.get("outputs", []))
+    def _skip(self, cell, *, ran: bool = False) -> None:
+        budget = f"{self.notebook_budget_s:g} s"
+        self._limit(f"the notebook's {budget} ran out: later cells were not run")
+        if not ran:
+            cell.outputs = [_error_output("NotRun", f"not run: the notebook's {budget} for grading ran out")]
+        if is_test_cell(cell):
+            grade_id = cell.metadata.nbgrader["grade_id"]
+            reason = f"not run: the notebook's {budget} for grading ran out"
+            self._results[grade_id] = Result(grade_id, False, reason, "", 0.0)
+            cell.outputs.append(_note(f"{NOTE_PREFIX}: {reason}. 0 points.\n"))
+
+    def _grade(self, cell) -> None:
+        grade_id = cell.metadata.nbgrader["grade_id"]
+        points = float(cell.metadata.nbgrader.get("points", 0))
+        result = self._checks.run(
+            grade_id,
+            self._calls,
+            budget_s=self.question_budget_s,
+            call_timeout_s=self.call_timeout_s,
+            notebook_deadline=self._deadline,
+            manager_factory=lambda: self.kernel_manager_class(kernel_name="python3", config=self.config),
+        )
+        self._results[grade_id] = result
+        if result.kernel_lost:
+            self._replace_kernel(result.reason)
+        verdict = (
+            f"passed, {points:g} of {points:g} points" if result.passed else f"{result.reason}. 0 points"
+        )
+        cell.outputs.append(_note(f"{NOTE_PREFIX}: {verdict}.\n"))
+        cell.metadata[RESULT_KEY] = {"passed": result.passed, "reason": result.reason}
 
     def preprocess_cell(self, cell, resources, index):
         self._check_assign_resources(resources)
         if cell.cell_type != "code" or not cell.source.strip():
             return cell, self.resources
-        if not _is_test_cell(cell):
-            _, replaced = self._run(cell, index)
-            timed_out = any(out.get("ename") == "CellTimeoutError" for out in cell.get("outputs", []))
+        if self._remaining_s() < 1:
+            self._skip(cell)
+            return cell, self.resources
+        _, replaced = self._run(cell, index)
+        timed_out = any(out.get("ename") == "CellTimeoutError" for out in cell.get("outputs", []))
+        if not is_test_cell(cell):
             if not (replaced or timed_out):  # replayed after a kernel replacement, errors and all
                 self._replay.append(index)
-            return cell, self.resources
-        visible, hidden = split_hidden_tests(cell.source)
-        result = {"visible": "not run", "hidden": "not run", "passed": False, "n_visible_outputs": 0}
-        outputs: list = []
-        if visible.strip():
-            ok, outputs = self._run_part(cell, index, visible)
-            result["visible"] = "passed" if ok else "failed"
+        elif self._remaining_s() < 1:
+            self._skip(cell, ran=True)
         else:
-            ok = True
-        result["n_visible_outputs"] = len(outputs)
-        if ok and hidden.strip():
-            ok, hidden_outputs = self._run_part(cell, index, hidden)
-            outputs += hidden_outputs
-            result["hidden"] = "passed" if ok else "failed"
-        result["passed"] = ok
-        cell.outputs = outputs
-        cell.metadata[RESULT_KEY] = result
+            self._grade(cell)
+        self._kernel_events()
         self.nb.cells[index] = cell
         return cell, self.resources
 
 
-class ErrorOnlyGrades(SaveAutoGrades):
-    """``SaveAutoGrades`` that scores test cells from :class:`GuardedExecute`'s results only.
+class GraderScores(SaveAutoGrades):
+    """``SaveAutoGrades`` that scores test cells from the grader's verdicts only.
 
-    A flagged submission (the screen's ``flags``) is recorded as 0 and needing manual grading; the
-    score it would have had goes into the instructor report, ``<report_dir>/<ps>/<student>.json``.
+    A test cell earns its points when the grader's checks of its question passed, else 0; nbgrader's
+    own rule (a displayed value as partial credit, any stderr as failure) does not apply. A submission
+    held for review (``held_for_review`` in the screen's findings) keeps these scores, and every grade
+    of it is marked as needing manual grading so formgrader lists it.
     """
 
-    report_dir = Unicode("", help="folder of the screen reports (default: ./reports)").tag(config=True)
-
     def preprocess(self, nb, resources):
-        screen = nb.metadata.get(SCREEN_KEY, {})
-        self._flags = list(screen.get("flags", []))
-        self._withheld: dict[str, float] = {}
-        nb, resources = super().preprocess(nb, resources)
-        if self._flags:
-            path = Path(self.report_dir or "reports", self.assignment_id, f"{self.student_id}.json")
-            report = json.loads(path.read_text()) if path.is_file() else {}
-            report.setdefault("withheld_scores", {})[self.notebook_id] = self._withheld
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(report, indent=1, sort_keys=True))
-        return nb, resources
+        self._passed = dict(resources.get(RESULT_KEY, {}))
+        self._held = bool(nb.metadata.get(SCREEN_KEY, {}).get("held_for_review"))
+        return super().preprocess(nb, resources)
 
     def _add_score(self, cell, resources):
-        if not _is_test_cell(cell):
-            return super()._add_score(cell, resources)
         grade_id = cell.metadata["nbgrader"]["grade_id"]
+        if not is_test_cell(cell):  # a written answer: nbgrader's rule (it waits for a person)
+            super()._add_score(cell, resources)
+            if self._held:
+                grade = self.gradebook.find_grade(
+                    grade_id, self.notebook_id, self.assignment_id, self.student_id
+                )
+                grade.needs_manual_grade = True
+                self.gradebook.db.commit()
+            return
         grade = self.gradebook.find_grade(grade_id, self.notebook_id, self.assignment_id, self.student_id)
-        passed = cell.metadata.get(RESULT_KEY, {}).get("passed") is True
-        earned = float(cell.metadata["nbgrader"]["points"]) if passed else 0.0
-        if self._flags:
-            self._withheld[grade_id] = earned
-            grade.auto_score, grade.needs_manual_grade = 0.0, True
-        else:
-            grade.auto_score = earned
-            grade.needs_manual_grade = grade.manual_score is not None
+        passed = self._passed.get(grade_id) is True
+        grade.auto_score = float(cell.metadata["nbgrader"]["points"]) if passed else 0.0
+        grade.needs_manual_grade = self._held or grade.manual_score is not None
         self.gradebook.db.commit()
+
+
+def checks_folder(course_root: str | Path) -> Path:
+    """Where the grader's checks of a course root live: ``<course_root>/checks``."""
+    return Path(course_root) / "checks"

@@ -8,9 +8,10 @@ with tools every Linux distribution ships in ``util-linux`` (no daemon, no setui
    shell as PID 1 of the new PID namespace, killed when ``unshare`` dies (every process of the namespace,
    detached ones included, dies with it);
 2. the shell mounts a tmpfs as the new root, bind-mounts the view's read-only paths into it and
-   remounts each bind read-only, adds a private ``/tmp``, a minimal ``/dev`` (null, zero, full,
-   random, urandom, tty, shm), a ``/proc`` of the new PID namespace with ``/proc/sys`` and the other
-   host kernel knobs read-only, then the writable scratch and ipc folders;
+   remounts each bind read-only, adds a private size-limited ``/tmp``, a minimal read-only ``/dev``
+   (null, zero, full, random, urandom, tty) with a size-limited ``/dev/shm``, a ``/proc`` of the new
+   PID namespace with ``/proc/sys`` and the other host kernel knobs read-only, then the size-limited
+   in-memory notebook folder and socket folder;
 3. ``pivot_root`` into it and a lazy ``umount`` of the old root: the host's file system is no longer
    reachable from the namespace at all (not merely hidden, as ``chroot`` would leave it); the root
    is remounted read-only;
@@ -58,7 +59,6 @@ ro() {  # host path, path inside, remount options
     "$MOUNT" --bind "$1" "$R$2"
     "$MOUNT" -o "remount,bind,ro$3" "$R$2"
 }
-rw() { mkdir -p "$R$2"; "$MOUNT" --bind "$1" "$R$2"; }
 """
 
 
@@ -85,7 +85,7 @@ def _script(view: KernelView, tools: dict[str, str]) -> str:
     mount, umount = '"$MOUNT"', q(tools["umount"])
     lines = [_SCRIPT_HEAD]
     lines.append(f'{mount} -t tmpfs -o mode=0755,size=16m grading-root "$R"')
-    tmp = f"mode=1777,nosuid,nodev,size={view.tmp_size_bytes}"
+    tmp = f"mode=1777,nosuid,nodev,size={view.size_of('/tmp')}"
     lines.append(f'mkdir -p "$R/tmp" && {mount} -t tmpfs -o {tmp} grading-tmp "$R/tmp"')
     lines += [f"ro {q(src)} {q(dest)} {q(_flags(src))}" for src, dest in view.read_only]
     lines += [f'ln -s {q(target)} "$R"{q(path)}' for target, path in view.symlinks]
@@ -94,7 +94,9 @@ def _script(view: KernelView, tools: dict[str, str]) -> str:
     for index, name in enumerate(("stdin", "stdout", "stderr")):
         lines.append(f'ln -s /proc/self/fd/{index} "$R/dev/{name}"')
     lines.append('ln -s /proc/self/fd "$R/dev/fd"')
-    lines.append(f'mkdir "$R/dev/shm" && {mount} -t tmpfs -o {tmp} grading-shm "$R/dev/shm"')
+    shm = f"mode=1777,nosuid,nodev,size={view.size_of('/dev/shm')}"
+    lines.append(f'mkdir "$R/dev/shm" && {mount} -t tmpfs -o {shm} grading-shm "$R/dev/shm"')
+    lines.append(f'{mount} -o remount,bind,ro,nosuid "$R/dev"')
     lines.append(f'mkdir -p "$R/proc" && {mount} -t proc -o nosuid,nodev,noexec proc "$R/proc"')
     for name in PROC_READ_ONLY:
         path = f'"$R"{q(name)}'
@@ -102,7 +104,10 @@ def _script(view: KernelView, tools: dict[str, str]) -> str:
             f"if [ -e {path} ]; then {mount} --bind {path} {path}; "
             f"{mount} -o remount,bind,ro,nosuid,nodev,noexec {path}; fi"
         )
-    lines += [f"rw {q(src)} {q(dest)}" for src, dest in view.writable]
+    for path, size in view.in_memory:
+        if path not in ("/tmp", "/dev/shm"):
+            opts = f"mode=0755,nosuid,nodev,size={size}"
+            lines.append(f'mkdir -p "$R"{q(path)} && {mount} -t tmpfs -o {opts} grading-mem "$R"{q(path)}')
     lines.append(f'cd "$R" && {q(tools["pivot_root"])} . . && {umount} -l . && cd /')
     lines.append(f"{mount} -o remount,bind,ro /")
     lines.append(f"cd {q(view.cwd)}")

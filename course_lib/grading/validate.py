@@ -2,12 +2,13 @@
 
 nbgrader's Validate (``nbgrader validate``, the Validate button of its JupyterLab extension) runs the
 notebook, then scores each test cell with ``nbgrader.utils.determine_grade``: any output on stderr
-fails the cell, and a displayed value counts as partial credit. The course's autograder
-(:class:`~course_lib.grading.execute.ErrorOnlyGrades`) scores a test cell from errors alone, so a
-correct answer that calls ``warnings.warn`` or ``logging.warning`` validates as failed and then earns
-its full points. :class:`ErrorsOnly`, run after nbgrader's ``Execute`` in ``Validator.preprocessors``,
-removes stderr streams and displayed values from the test cells before Validate reads them, so
-Validate applies the grader's rule:
+fails the cell, and a displayed value counts as partial credit. The course's autograder judges a
+question by the values the student's functions return to the grader's own calls
+(:mod:`course_lib.grading.checks`); printed values, warnings and log messages count for nothing, so a
+correct answer that calls ``warnings.warn`` or ``logging.warning`` would validate as failed and then
+earn its full points. :class:`ErrorsOnly`, run after nbgrader's ``Execute`` in
+``Validator.preprocessors``, removes stderr streams and displayed values from the test cells before
+Validate reads them, so a visible check fails exactly when it raises:
 
 * ``nbgrader validate`` and the Validate button: call :func:`configure_validate` from the students'
   ``nbgrader_config.py`` (the workbook's student JupyterLab configuration,
@@ -18,8 +19,8 @@ Validate applies the grader's rule:
 * ``python -m course_lib.grading validate my-work/ps1/ps1.ipynb``: the same check without any
   configuration; it exits 1 when a check fails (``nbgrader validate`` always exits 0).
 
-Validation runs the student's notebook as it is (no hidden tests, no sandbox): passing it means the
-visible checks pass, not that the hidden ones will.
+Validation runs the student's notebook as it is (no sandbox, none of the grader's checks, which only
+instructors have): passing it means the visible checks pass, not that the grader's other inputs will.
 
 References
 ----------
@@ -39,7 +40,7 @@ from nbconvert.preprocessors import Preprocessor
 from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, Execute
 from traitlets.config import Config
 
-from course_lib.grading.execute import _is_test_cell
+from course_lib.grading.execute import is_test_cell
 
 __all__ = ["VALIDATOR_PREPROCESSORS", "ErrorsOnly", "configure_validate", "validate_notebook"]
 
@@ -52,7 +53,7 @@ class ErrorsOnly(Preprocessor):
     """
 
     def preprocess_cell(self, cell, resources, index):
-        if _is_test_cell(cell):
+        if is_test_cell(cell):
             cell.outputs = [
                 out
                 for out in cell.get("outputs", [])

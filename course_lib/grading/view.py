@@ -6,20 +6,25 @@ mechanisms in :mod:`course_lib.grading.sandbox` (bubblewrap) and :mod:`course_li
 
 * read-only: the system folders (``/usr``, ``/opt``, merged-``/usr`` links or folders ``/bin``,
   ``/lib``...), the parts of ``/etc`` in :data:`ETC_FILES`, the Python installation and virtual
-  environment, and ``course_lib``, ``data/`` and ``build/`` of this checkout;
-* a private ``/dev`` whose device nodes (:data:`DEVICES`) are bound read-only, and a ``/proc`` of
-  the kernel's own PID namespace with the host kernel's knobs (:data:`PROC_READ_ONLY`) read-only;
-* writable: the notebook's folder, which is a private scratch copy (``work_dir`` mounted at ``cwd``),
-  the folder of the kernel's connection file and ipc sockets, and a size-limited private ``/tmp``;
+  environment, ``course_lib``, ``data/`` and ``build/`` of this checkout, the folder holding the
+  kernel's connection file, and the *seed*: the files of the notebook's folder, which the launcher
+  copies into the writable folder below before the kernel starts;
+* a private ``/dev`` (read-only, its device nodes of :data:`DEVICES` bound read-only) and a ``/proc``
+  of the kernel's own PID namespace with the host kernel's knobs (:data:`PROC_READ_ONLY`) read-only;
+* writable, and only in memory, each with a size limit (:attr:`KernelView.in_memory`): the
+  notebook's folder (``cwd``), ``/tmp``, ``/dev/shm`` and :data:`IPC_DIR`, where the kernel binds its
+  ZeroMQ sockets. Nothing the kernel writes reaches the host's disk; the grader reaches the sockets
+  through ``/proc/<pid>/root`` (:mod:`course_lib.grading.sandbox`);
 * nothing else: the course root, ``source/``, other submissions, the gradebook and feedback do not
   exist in the kernel's file system;
 * a clean environment (:data:`PASSED_ENV` plus fixed values) and, applied just before the kernel
-  starts, ``RLIMIT_AS`` (memory), ``RLIMIT_CPU`` (CPU seconds over the kernel's life) and
-  ``RLIMIT_FSIZE`` (largest file), then a new session (no terminal to inject keystrokes into).
+  starts, ``RLIMIT_AS`` (address space of one process), ``RLIMIT_CPU`` (CPU seconds),
+  ``RLIMIT_FSIZE`` (largest file) and ``RLIMIT_NPROC`` (processes), then a new session. The memory
+  and process count of the sandbox as a whole are bounded by :mod:`course_lib.grading.limits`.
 
 References
 ----------
-``setrlimit(2)``, ``setsid(2)``; jupyter_client ``KernelManager.format_kernel_cmd``.
+``setrlimit(2)``, ``setsid(2)``, ``tmpfs(5)`` (``size=``); jupyter_client ``KernelManager.format_kernel_cmd``.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ __all__ = [
     "DEVICES",
     "ETC_FILES",
     "GIB",
+    "IPC_DIR",
     "MIB",
     "PASSED_ENV",
     "PROC_READ_ONLY",
     "REPO_ROOT",
+    "SEED_DIR",
     "KernelView",
     "kernel_view",
 ]
@@ -74,18 +81,24 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 #: Top-level folders that are links into /usr on merged-/usr systems (kept as links), else bound.
 TOP_FOLDERS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32")
-# Applied inside the sandbox, then the kernel command is exec'd: argv = [mem, cpu, fsize, *cmd].
-# setsid fails (harmlessly) where the sandbox already made the process a session leader.
+#: Inside the sandbox: the in-memory folder of the kernel's sockets, and where the seed is bound.
+IPC_DIR = "/run/grading/ipc"
+SEED_DIR = "/run/grading/seed"
+# Applied inside the sandbox, then the kernel command is exec'd:
+# argv = [as, cpu, fsize, nproc, seed, cwd, *cmd]. setsid fails (harmlessly) where the sandbox already
+# made the process a session leader.
 _LIMITS_LAUNCHER = (
-    "import os, resource, sys\n"
-    "for name, value in zip(('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE'), sys.argv[1:4]):\n"
+    "import os, resource, shutil, sys\n"
+    "for name, value in zip(('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_NPROC'), sys.argv[1:5]):\n"
     "    if int(value) > 0:\n"
     "        resource.setrlimit(getattr(resource, name), (int(value), int(value)))\n"
+    "shutil.copytree(sys.argv[5], sys.argv[6], dirs_exist_ok=True)\n"
+    "os.chdir(sys.argv[6])\n"
     "try:\n"
     "    os.setsid()\n"
     "except OSError:\n"
     "    pass\n"
-    "os.execv(sys.argv[4], sys.argv[4:])\n"
+    "os.execv(sys.argv[7], sys.argv[7:])\n"
 )
 
 
@@ -101,27 +114,29 @@ class KernelView:
         Links to create (merged-/usr ``/bin -> usr/bin``).
     devices : tuple of str
         Device nodes of :data:`DEVICES` that exist here, bound read-only at the same path in a
-        private ``/dev`` (which also holds ``shm`` and the ``fd``/``stdin``... links).
-    writable : tuple of (host path, path inside)
-        Bound read-write: the scratch copy at ``cwd`` first, then the ipc folder.
+        private, read-only ``/dev`` (which also holds the ``fd``/``stdin``... links).
+    in_memory : tuple of (path inside, size in bytes)
+        Writable in-memory file systems (tmpfs), in mount order: ``/tmp``, ``/dev/shm``, ``cwd``,
+        :data:`IPC_DIR`.
     cwd : str
         Working folder inside (the notebook's folder as the grader sees it).
     env : dict of str to str
         The whole environment of the kernel.
-    tmp_size_bytes : int
-        Size of the private ``/tmp``, bytes.
     command : tuple of str
-        What to run inside: the limits launcher, the limits, then the kernel command.
+        What to run inside: the limits launcher, the limits, the seed and cwd, then the kernel command.
     """
 
     read_only: tuple[tuple[str, str], ...]
     symlinks: tuple[tuple[str, str], ...]
     devices: tuple[str, ...]
-    writable: tuple[tuple[str, str], ...]
+    in_memory: tuple[tuple[str, int], ...]
     cwd: str
     env: dict[str, str]
-    tmp_size_bytes: int
     command: tuple[str, ...]
+
+    def size_of(self, path: str) -> int:
+        """Size limit of the in-memory file system at ``path`` (KeyError if there is none)."""
+        return dict(self.in_memory)[path]
 
 
 def _read_only(paths: list[Path]) -> list[tuple[str, str]]:
@@ -164,13 +179,17 @@ def kernel_view(
     kernel_cmd: list[str],
     *,
     cwd: str,
-    work_dir: str,
-    ipc_dir: str,
+    seed_dir: str,
+    connection_dir: str,
     env: dict[str, str] | None = None,
     memory_limit_bytes: int = 4 * GIB,
     cpu_limit_s: int = 600,
     file_size_limit_bytes: int = 256 * MIB,
+    max_processes: int = 0,
     tmp_size_bytes: int = 256 * MIB,
+    shm_size_bytes: int = 64 * MIB,
+    cwd_size_bytes: int = 256 * MIB,
+    ipc_size_bytes: int = MIB,
 ) -> KernelView:
     """Describe the sandbox that runs ``kernel_cmd``.
 
@@ -179,19 +198,19 @@ def kernel_view(
     kernel_cmd : list of str
         The command to run (for a kernel: the formatted kernelspec ``argv``).
     cwd : str
-        Working folder as the kernel sees it (the notebook's folder); ``work_dir`` is mounted there.
-    work_dir : str
-        Host folder mounted read-write at ``cwd``: the private scratch copy.
-    ipc_dir : str
-        Host folder mounted read-write at the same path: the connection file and ipc sockets.
+        Working folder as the kernel sees it (the notebook's folder): an in-memory file system there.
+    seed_dir : str
+        Host folder whose files are copied into ``cwd`` before the kernel starts (bound read-only).
+    connection_dir : str
+        Host folder holding the connection file, bound read-only at the same path.
     env : dict, optional
         Environment to pass (default: this process's); only :data:`PASSED_ENV` keys survive, plus
         fixed HOME, PATH, PYTHONPATH.
-    memory_limit_bytes, cpu_limit_s, file_size_limit_bytes : int
-        ``RLIMIT_AS`` (bytes), ``RLIMIT_CPU`` (CPU seconds over the kernel's life), ``RLIMIT_FSIZE``
-        (bytes per file); 0 means no limit.
-    tmp_size_bytes : int
-        Size of the private ``/tmp`` tmpfs, bytes.
+    memory_limit_bytes, cpu_limit_s, file_size_limit_bytes, max_processes : int
+        ``RLIMIT_AS`` (bytes per process), ``RLIMIT_CPU`` (CPU seconds), ``RLIMIT_FSIZE`` (bytes per
+        file), ``RLIMIT_NPROC`` (processes of the sandbox's user); 0 means no limit.
+    tmp_size_bytes, shm_size_bytes, cwd_size_bytes, ipc_size_bytes : int
+        Sizes of the in-memory ``/tmp``, ``/dev/shm``, ``cwd`` and :data:`IPC_DIR`, bytes (each > 0).
 
     Returns
     -------
@@ -200,17 +219,21 @@ def kernel_view(
     Raises
     ------
     ValueError
-        If a limit is negative.
+        If a limit is negative or a size is not positive.
     """
     limits = {
         "memory_limit_bytes": memory_limit_bytes,
         "cpu_limit_s": cpu_limit_s,
         "file_size_limit_bytes": file_size_limit_bytes,
-        "tmp_size_bytes": tmp_size_bytes,
+        "max_processes": max_processes,
     }
     for name, value in limits.items():
         if value < 0:
             raise ValueError(f"{name} must be >= 0 (0: no limit), got {value}")
+    sizes = {"/tmp": tmp_size_bytes, "/dev/shm": shm_size_bytes, cwd: cwd_size_bytes, IPC_DIR: ipc_size_bytes}
+    for path, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"the in-memory file system at {path} needs a size >= 1 byte, got {value}")
     python_dirs = [
         Path(sys.prefix),
         Path(sys.base_prefix),
@@ -224,14 +247,16 @@ def kernel_view(
     # can read them (the capstone's baseline) and never change them.
     course = [REPO_ROOT / "course_lib", REPO_ROOT / "data", REPO_ROOT / "build"]
     launcher = [sys.executable, "-I", "-c", _LIMITS_LAUNCHER]
-    launcher += [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes)]
+    launcher += [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes), str(max_processes)]
+    launcher += [SEED_DIR, cwd]
+    read_only = _read_only(top_dirs + system + python_dirs + course)
+    read_only += [(seed_dir, SEED_DIR), (connection_dir, connection_dir)]
     return KernelView(
-        read_only=tuple(_read_only(top_dirs + system + python_dirs + course)),
+        read_only=tuple(read_only),
         symlinks=tuple(symlinks),
         devices=tuple(dev for dev in DEVICES if os.path.exists(dev)),
-        writable=((work_dir, cwd), (ipc_dir, ipc_dir)),
+        in_memory=tuple(sizes.items()),
         cwd=cwd,
         env=_kernel_env(dict(os.environ if env is None else env)),
-        tmp_size_bytes=tmp_size_bytes,
         command=(*launcher, *kernel_cmd),
     )

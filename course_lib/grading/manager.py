@@ -1,0 +1,295 @@
+"""The kernel manager of grading kernels: a sandboxed kernel the grader reaches without sharing a folder.
+
+nbgrader executes submissions with nbclient, which starts kernels through a jupyter_client
+``KernelManager`` (``NotebookClient.kernel_manager_class``). :class:`SandboxedKernelManager` is such a
+manager:
+
+* the kernelspec's command line runs in the sandbox of :func:`course_lib.grading.sandbox.find_sandbox`
+  (bubblewrap, else ``unshare``), inside the bounds of :func:`course_lib.grading.limits.contain`
+  (a cgroup, else the watchdog);
+* the kernel binds its ZeroMQ ``ipc`` sockets in a small in-memory folder of its own
+  (:data:`~course_lib.grading.view.IPC_DIR`): TCP on the host's loopback is not reachable from a
+  separate network namespace, and a host folder it could write to would let it fill the host's disk.
+  The grader connects through ``/proc/<pid>/root``, the kernel process's view of its own file system,
+  after checking that each socket is a socket (not a link) and with reconnection off;
+* every socket the grader opens to the kernel caps the size of a message it accepts and how many it
+  queues (:data:`SOCKET_LIMITS`): a kernel cannot make the grader buffer gigabytes;
+* interrupts go over the control channel (``interrupt_mode = "message"``): a SIGINT sent to the
+  process group would stop the sandbox's own process.
+
+``sandbox = "none"`` (what ``--unsafe`` sets) starts the kernel as jupyter_client does, unsandboxed.
+
+References
+----------
+jupyter_client 8 ``KernelManager`` (``format_kernel_cmd``, ``_async_post_start_kernel``, ``transport``
+and ``ip`` of ``ConnectionFileMixin``, ``_create_connected_socket``); ZeroMQ ``zmq_setsockopt(3)``
+(``ZMQ_MAXMSGSIZE``: a peer sending a larger message is disconnected; ``ZMQ_RCVHWM``;
+``ZMQ_RECONNECT_IVL`` -1: no reconnection); ``proc(5)`` (``/proc/PID/root``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import zmq
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import DottedObjectName, Integer, Type, Unicode
+
+from course_lib.grading.limits import Containment, contain, sandbox_processes
+from course_lib.grading.sandbox import SandboxCheck, SandboxUnavailableError, find_sandbox, sandbox_command
+from course_lib.grading.view import GIB, IPC_DIR, MIB, kernel_view
+
+__all__ = ["SOCKET_LIMITS", "SandboxedKernelClient", "SandboxedKernelManager"]
+
+#: Per channel: (largest message frame accepted, bytes; messages queued before more are dropped).
+SOCKET_LIMITS = {
+    "shell": (16 * MIB, 16),
+    "iopub": (16 * MIB, 16),
+    "control": (MIB, 16),
+    "stdin": (MIB, 16),
+    "hb": (4096, 16),
+}
+
+
+def _limited_socket(owner, channel: str, identity: bytes | None = None) -> zmq.Socket:
+    """``ConnectionFileMixin._create_connected_socket`` with the limits of :data:`SOCKET_LIMITS`."""
+    url = owner._make_url(channel)
+    sock = owner.context.socket(_SOCKET_TYPES[channel])
+    sock.linger = 1000
+    max_bytes, queued = SOCKET_LIMITS[channel]
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    sock.setsockopt(zmq.RCVHWM, queued)
+    sock.setsockopt(zmq.SNDTIMEO, 1000)  # a send to a kernel that is gone fails instead of waiting forever
+    if getattr(owner, "_sandboxed", False):
+        sock.setsockopt(zmq.RECONNECT_IVL, -1)
+    if identity:
+        sock.identity = identity
+    sock.connect(url)
+    return sock
+
+
+_SOCKET_TYPES = {
+    "shell": zmq.DEALER,
+    "iopub": zmq.SUB,
+    "control": zmq.DEALER,
+    "stdin": zmq.DEALER,
+    "hb": zmq.REQ,
+}
+
+
+class SandboxedKernelClient(AsyncKernelClient):
+    """An async kernel client whose sockets have :data:`SOCKET_LIMITS` and no heartbeat channel.
+
+    Liveness comes from the manager (is the sandbox's process alive?), not from heartbeats.
+    """
+
+    @property
+    def _sandboxed(self) -> bool:
+        return bool(getattr(self.parent, "_check", None))
+
+    def _create_connected_socket(self, channel: str, identity: bytes | None = None) -> zmq.Socket:
+        return _limited_socket(self, channel, identity)
+
+    def start_channels(self, shell=True, iopub=True, stdin=True, hb=True, control=True) -> None:
+        super().start_channels(shell=shell, iopub=iopub, stdin=stdin, hb=False, control=control)
+
+
+def _copy_seed(src: Path, dest: Path) -> None:
+    """Regular files and folders of ``src`` into ``dest`` (no notebooks, no links, nothing else)."""
+    dest.mkdir(exist_ok=True)
+    for entry in os.scandir(src):
+        if entry.name.endswith(".ipynb") or entry.name == ".ipynb_checkpoints":
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            _copy_seed(Path(entry.path), dest / entry.name)
+        elif entry.is_file(follow_symlinks=False):
+            shutil.copyfile(entry.path, dest / entry.name, follow_symlinks=False)
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A jupyter_client kernel manager whose kernels run sandboxed and bounded (see the module).
+
+    Configure it from ``nbgrader_config.py``: ``c.SandboxedKernelManager.sandbox`` is ``"auto"``
+    (bubblewrap, else ``unshare``), a mechanism's name, or ``"none"``; the limits below are its
+    other options.
+
+    Raises
+    ------
+    SandboxUnavailableError
+        At kernel start, when ``sandbox`` is not ``none`` and no mechanism it allows works here.
+    TimeoutError
+        When the sandboxed kernel's sockets do not appear within ``startup_timeout_s``.
+    """
+
+    sandbox = Unicode("auto", help="auto | bwrap | unshare | none (none runs student code unsandboxed)").tag(
+        config=True
+    )
+    containment = Unicode("auto", help="auto | cgroup2 | cgroup1 | watchdog (limits.contain)").tag(
+        config=True
+    )
+    memory_limit_bytes = Integer(4 * GIB, help="RLIMIT_AS of each process, bytes (0: none)").tag(config=True)
+    sandbox_memory_bytes = Integer(3 * GIB, help="memory of the whole sandbox, bytes").tag(config=True)
+    max_processes = Integer(64, help="processes (and, under cgroups, threads) of the sandbox").tag(
+        config=True
+    )
+    cpu_limit_s = Integer(900, help="RLIMIT_CPU of each process, CPU seconds").tag(config=True)
+    file_size_limit_bytes = Integer(256 * MIB, help="RLIMIT_FSIZE, bytes per file").tag(config=True)
+    tmp_size_bytes = Integer(256 * MIB, help="size of the in-memory /tmp, bytes").tag(config=True)
+    shm_size_bytes = Integer(64 * MIB, help="size of the in-memory /dev/shm, bytes").tag(config=True)
+    cwd_size_bytes = Integer(256 * MIB, help="size of the in-memory notebook folder, bytes").tag(config=True)
+    startup_timeout_s = Integer(60, help="seconds for the sandboxed kernel's sockets to appear").tag(
+        config=True
+    )
+
+    client_class = DottedObjectName("course_lib.grading.manager.SandboxedKernelClient")
+    client_factory = Type(default_value=SandboxedKernelClient, klass=AsyncKernelClient)
+
+    _scratch: str | None = None
+    _check: SandboxCheck | None = None
+    _containment: Containment | None = None
+    _sandboxed = False
+
+    def _create_connected_socket(self, channel: str, identity: bytes | None = None) -> zmq.Socket:
+        return _limited_socket(self, channel, identity)
+
+    async def _async_interrupt_kernel(self) -> None:  # type: ignore[override]
+        try:
+            await super()._async_interrupt_kernel()
+        except zmq.Again:  # the control channel is gone with the kernel
+            self.log.warning("the interrupt could not be sent: the kernel's control channel is closed")
+
+    interrupt_kernel = _async_interrupt_kernel  # type: ignore[assignment]
+
+    async def _async_request_shutdown(self, restart: bool = False) -> None:  # type: ignore[override]
+        try:
+            await super()._async_request_shutdown(restart=restart)
+        except zmq.Again:
+            self.log.warning("the shutdown request could not be sent: the kernel's control channel is closed")
+
+    request_shutdown = _async_request_shutdown  # type: ignore[assignment]
+
+    def events(self) -> list[str]:
+        """Limits the sandbox hit so far (memory, processes), for the report."""
+        return self._containment.events() if self._containment is not None else []
+
+    @property
+    def containment_kind(self) -> str:
+        """How the whole sandbox is bounded (:data:`course_lib.grading.limits.CONTAINMENTS`), or ``"none"``."""
+        return self._containment.kind if self._containment is not None else "none"
+
+    def peak_memory_bytes(self) -> int:
+        """The most memory the sandbox held so far, bytes (0 when unknown or unsandboxed)."""
+        return self._containment.peak_memory_bytes() if self._containment is not None else 0
+
+    async def _async_pre_start_kernel(self, **kw):  # type: ignore[override]
+        if self.sandbox != "none":
+            check = find_sandbox(self.sandbox)
+            if check.mechanism is None:
+                raise SandboxUnavailableError(
+                    f"refusing to run student code without a sandbox: {check.reason}. "
+                    "Pass --unsafe to `python -m course_lib.grading autograde` to grade anyway."
+                )
+            self._check, self._sandboxed = check, True
+            cwd = str(Path(kw.get("cwd") or os.getcwd()).resolve())
+            kw["cwd"] = cwd
+            self._scratch = tempfile.mkdtemp(prefix="grading-")
+            _copy_seed(Path(cwd), Path(self._scratch, "seed"))
+            Path(self._scratch, "conn").mkdir()
+            self.transport = "ipc"
+            self.ip = f"{IPC_DIR}/kernel"
+            self.connection_file = str(Path(self._scratch, "conn", "kernel.json"))
+            if self.kernel_spec is not None:
+                self.kernel_spec.interrupt_mode = "message"
+            in_memory = ("/tmp", "/dev/shm", cwd, IPC_DIR)
+            self._containment = contain(
+                self.sandbox_memory_bytes,
+                self.max_processes,
+                prefer=self.containment,
+                in_memory_dirs=in_memory,
+            )
+        return await super()._async_pre_start_kernel(**kw)
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        cmd = super().format_kernel_cmd(extra_arguments)
+        if self._scratch is None or self._check is None or self._containment is None:
+            return cmd
+        view = kernel_view(
+            cmd,
+            cwd=str(self._launch_args.get("cwd") or os.getcwd()),
+            seed_dir=str(Path(self._scratch, "seed")),
+            connection_dir=str(Path(self._scratch, "conn")),
+            env=self._launch_args.get("env") or dict(os.environ),
+            memory_limit_bytes=self.memory_limit_bytes,
+            cpu_limit_s=self.cpu_limit_s,
+            file_size_limit_bytes=self.file_size_limit_bytes,
+            max_processes=self.max_processes if self._containment.kind == "watchdog" else 0,
+            tmp_size_bytes=self.tmp_size_bytes,
+            shm_size_bytes=self.shm_size_bytes,
+            cwd_size_bytes=self.cwd_size_bytes,
+        )
+        mechanism, executable = str(self._check.mechanism), str(self._check.executable)
+        return self._containment.wrap(sandbox_command(mechanism, executable, view, scratch=self._scratch))
+
+    async def _async_post_start_kernel(self, **kw) -> None:  # type: ignore[override]
+        if self._containment is not None and self.provisioner is not None:
+            top = self.provisioner.process.pid  # type: ignore[attr-defined]
+            root = await self._wait_for_sockets(top)
+            self.ip = f"{root}{IPC_DIR}/kernel"
+            self._containment.started(top, inner_root=root)
+        await super()._async_post_start_kernel(**kw)
+
+    async def _wait_for_sockets(self, top: int) -> str:
+        """``/proc/<pid>/root`` of the kernel once its sockets are bound (checked to be sockets)."""
+        own_ns = os.readlink("/proc/self/ns/mnt")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.startup_timeout_s
+        while loop.time() < deadline:
+            if not await self.is_alive():
+                raise RuntimeError("the sandboxed kernel exited while starting (see the log above)")
+            for pid in reversed(sandbox_processes(top)):
+                try:
+                    if os.readlink(f"/proc/{pid}/ns/mnt") == own_ns:
+                        continue
+                except OSError:
+                    continue
+                root = f"/proc/{pid}/root"
+                if all(self._is_socket(f"{root}{IPC_DIR}/kernel-{port}") for port in self.ports):
+                    return root
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"the sandboxed kernel's sockets did not appear within {self.startup_timeout_s} s")
+
+    @staticmethod
+    def _is_socket(path: str) -> bool:
+        try:
+            return stat.S_ISSOCK(os.lstat(path).st_mode)
+        except OSError:
+            return False
+
+    def kill_sandbox(self) -> None:
+        """Kill the sandbox and remove its cgroups and scratch folder, without the event loop."""
+        if self.provisioner is not None and getattr(self.provisioner, "process", None) is not None:
+            with contextlib.suppress(OSError):
+                self.provisioner.process.kill()
+        if self._containment is not None:
+            self._containment.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart:
+            if self._containment is not None:
+                self._containment.close()
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
+
+    cleanup_resources = _async_cleanup_resources  # type: ignore[assignment]
