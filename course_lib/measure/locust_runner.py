@@ -234,8 +234,7 @@ def locust_percentile(samples_ms: Iterable[float], q: float) -> int:
     ValueError
         For no samples or q outside [0, 100].
     """
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q!r}")
+    q = checks.number("q", q, min=0, max=100)
     buckets = pd.Series([bucket_response_time_ms(float(x)) for x in samples_ms])
     if buckets.empty:
         raise ValueError("samples_ms is empty")
@@ -304,12 +303,9 @@ def run_locust(
     RuntimeError
         If Locust exits non-zero for a reason other than failed requests, or overruns (with its output).
     """
-    if isinstance(users, bool) or not isinstance(users, int) or users < 1:
-        raise ValueError(f"users must be an integer >= 1, got {users!r}")
-    if not spawn_rate > 0:
-        raise ValueError(f"spawn_rate must be > 0 users per second, got {spawn_rate!r}")
-    if isinstance(run_time_s, bool) or not isinstance(run_time_s, int) or run_time_s < 1:
-        raise ValueError(f"run_time_s must be an integer >= 1 second, got {run_time_s!r}")
+    users = checks.integer("users", users, min=1)
+    spawn_rate = checks.positive_number("spawn_rate", spawn_rate, unit="users per second")
+    run_time_s = checks.integer("run_time_s", run_time_s, min=1)
     Path(csv_prefix).parent.mkdir(parents=True, exist_ok=True)
     args = [
         "-f", str(locustfile), "--headless", "--host", host, "-u", str(users), "-r", f"{spawn_rate:g}",

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib.core._process import ChildProcess, free_port, start_child
+from course_lib.core.checks import integer, positive_number
 
 __all__ = [
     "RedisServer",
@@ -272,13 +273,10 @@ def redis_server(
     The guard leaves within a fraction of a second of the death of the process that started it
     (``course_lib.core._process.exit_with_parent``), stopping the server and removing its folder.
     """
-    for name, value in (("max_lifetime_s", max_lifetime_s), ("startup_timeout_s", startup_timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-    if maxmemory_bytes is not None and (
-        isinstance(maxmemory_bytes, bool) or not isinstance(maxmemory_bytes, int) or maxmemory_bytes < 1
-    ):
-        raise ValueError(f"maxmemory_bytes must be a positive integer or None, got {maxmemory_bytes!r}")
+    max_lifetime_s = positive_number("max_lifetime_s", max_lifetime_s)
+    startup_timeout_s = positive_number("startup_timeout_s", startup_timeout_s)
+    if maxmemory_bytes is not None:
+        maxmemory_bytes = integer("maxmemory_bytes", maxmemory_bytes, min=1)
     executable = find_redis_server(redis_executable)
     if executable is None:
         raise RedisUnavailableError(redis_unavailable_reason(redis_executable) or "redis-server not found")
