@@ -60,6 +60,7 @@ from course_lib.serving.service import (
     ChurnService,
     ClientGoneError,
     DeadlineExceededError,
+    Forward,
     RequestError,
     ServiceResponse,
     check_still_wanted,
@@ -77,7 +78,6 @@ __all__ = [
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 SCORE_BUCKETS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 11))
-Forward = Callable[[list[dict[str, object]]], np.ndarray]
 
 
 class _CacheCollector:

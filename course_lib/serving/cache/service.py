@@ -41,7 +41,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ from course_lib.core.checks import callable_, instance_of, integer, number, posi
 from course_lib.core.percentiles import percentile
 from course_lib.serving.cache.stores import PredictionCache, PredictionKey
 from course_lib.serving.profiling import END_TO_END, LatencyBudget, RequestProfile
-from course_lib.serving.service import ChurnService, RequestError, ServiceResponse
+from course_lib.serving.service import AsyncForward, ChurnService, RequestError, ServiceResponse
 
 __all__ = [
     "CACHED_STAGES",
@@ -67,8 +67,6 @@ __all__ = [
 
 #: Stages of a cached request, in order (a hit runs parse, cache_get and format only).
 CACHED_STAGES: tuple[str, ...] = ("parse", "cache_get", "lookup", "forward", "cache_set", "format")
-
-AsyncForward = Callable[[list[dict[str, object]]], Awaitable[Any]]
 
 
 class StoreSnapshot:
