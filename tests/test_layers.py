@@ -8,6 +8,9 @@ included), the same reader that maps modules to lessons.
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -130,6 +133,74 @@ def test_the_package_tree_is_readable_from_ls():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
     assert not long, long
+
+
+#: Packages whose private modules keep their own ``__all__``, with the reason. ``core``'s private
+#: modules (``_process``, ``_io``) are imported by every layer as modules of their own, not re-exported
+#: by ``course_lib.core``, so their ``__all__`` is the only list of their names.
+OWN_API_LISTS: dict[str, str] = {
+    "course_lib/core": "its private modules are imported directly; course_lib.core re-exports none of them",
+    "course_lib/serving/replica": "the tail helper (Lesson 7) rewrites the replica package on its branch",
+}
+
+
+def _defines_all(path: Path) -> bool:
+    """Whether the module assigns ``__all__`` at its top level."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            return True
+    return False
+
+
+def private_modules_with_their_own_list(package_root: Path) -> list[str]:
+    """Private modules (``_x.py``) that define ``__all__`` although their package's API is listed once,
+    by the package ``__init__`` (or the public module that re-exports them)."""
+    return sorted(
+        path.relative_to(package_root.parent).as_posix()
+        for path in package_root.rglob("_*.py")
+        if not path.name.startswith("__")
+        and path.parent != package_root  # course_lib/_version.py: the version, no API
+        and path.parent.relative_to(package_root.parent).as_posix() not in OWN_API_LISTS
+        and _defines_all(path)
+    )
+
+
+def test_a_concept_package_lists_its_public_api_once():
+    assert private_modules_with_their_own_list(ROOT / "course_lib") == [], (
+        "list the names in the package __init__'s __all__ only, not again in the private module"
+    )
+
+
+def test_every_name_a_package_exports_is_bound():
+    for init in sorted((ROOT / "course_lib").rglob("__init__.py")):
+        name = ".".join(init.parent.relative_to(ROOT).parts)
+        package = importlib.import_module(name)
+        missing = [
+            n
+            for n in getattr(package, "__all__", ())
+            if not hasattr(package, n) and importlib.util.find_spec(f"{name}.{n}") is None
+        ]
+        assert not missing, (name, missing)
+
+
+def test_the_allowlist_of_own_api_lists_holds_only_packages_that_need_it():
+    for folder in OWN_API_LISTS:
+        assert any(_defines_all(p) for p in (ROOT / folder).glob("_*.py") if not p.name.startswith("__")), (
+            f"{folder} no longer needs its OWN_API_LISTS entry"
+        )
+
+
+def test_a_planted_second_api_list_is_caught(planted_tree: Path):
+    target = planted_tree / "serving" / "service" / "_pipeline.py"
+    target.write_text(target.read_text() + '\n__all__ = ["ChurnService"]\n')
+    assert private_modules_with_their_own_list(planted_tree) == ["course_lib/serving/service/_pipeline.py"]
 
 
 @pytest.fixture

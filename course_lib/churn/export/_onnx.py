@@ -29,20 +29,6 @@ from course_lib.churn.export._metadata import METADATA_DATA_SHA256, METADATA_MOD
 from course_lib.churn.schema import check_frame, check_records
 from course_lib.core.checks import instance_of, integer, non_empty, one_of, positive_number
 
-__all__ = [
-    "METADATA_DATA_SHA256",
-    "METADATA_MODEL_VERSION",
-    "PARITY_ATOL",
-    "ModelMismatchError",
-    "OnnxChurnScorer",
-    "ParityError",
-    "ParityReport",
-    "check_parity",
-    "make_session",
-    "pipeline_to_onnx",
-    "stamp_identity",
-]
-
 #: Largest allowed |p_native - p_onnx| on the test set (issue 2 of the workbook).
 PARITY_ATOL = 1e-5
 _GRAPH_LEVELS = {

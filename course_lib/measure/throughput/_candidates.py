@@ -22,8 +22,6 @@ from course_lib.churn.pruning import served_rounds
 from course_lib.core.checks import non_empty, one_of
 from course_lib.measure.throughput._measure import Candidate
 
-__all__ = ["churn_candidates"]
-
 
 def churn_candidates(
     churn_model: object,

@@ -60,18 +60,6 @@ from course_lib.core.checks import (
 )
 from course_lib.core.percentiles import percentile
 
-__all__ = [
-    "MEASUREMENTS_DIR",
-    "SCHEMA",
-    "Candidate",
-    "ThroughputRecord",
-    "load_measurement",
-    "measure_batch_latency",
-    "onnx_node_placement",
-    "p99_median_of_rounds_us",
-    "rps_at_p99_limit",
-]
-
 SCHEMA = "course_lib.measure.throughput._measure/1"
 #: Recorded measurements: ``cpu_throughput.json`` (measured on the course machine) and, once recorded on a
 #: machine with a CUDA GPU, ``gpu_throughput.json``.

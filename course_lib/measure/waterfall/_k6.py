@@ -40,8 +40,6 @@ from pathlib import Path
 from course_lib.core._io import REPO_ROOT
 from course_lib.core.checks import integer, non_empty, positive_number
 
-__all__ = ["K6_SCRIPT", "K6Result", "k6_binary", "k6_version", "parse_k6_summary", "run_k6"]
-
 #: The course's k6 script.
 K6_SCRIPT = REPO_ROOT / "loadtests" / "churn.js"
 

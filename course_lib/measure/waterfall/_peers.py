@@ -29,17 +29,6 @@ from course_lib.core._io import REPO_ROOT
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.waterfall._record import table_from_rows, table_rows
 
-__all__ = [
-    "PEERS",
-    "PEERS_VENV",
-    "RECORDED_PEERS",
-    "PeerSpec",
-    "PeersRecord",
-    "load_peers",
-    "peer_command",
-    "save_peers",
-]
-
 RECORDED_PEERS = DATA_DIR / "measurements" / "serving_peers.json"
 #: The peers' virtual environment (ignored by git).
 PEERS_VENV = REPO_ROOT / ".venv-peers"

@@ -48,16 +48,6 @@ import pandas as pd
 from course_lib.core import checks
 from course_lib.core.waiting import wait_until
 
-__all__ = [
-    "SYSTEM_PATHS",
-    "PrometheusServer",
-    "PrometheusUnavailableError",
-    "find_prometheus",
-    "prometheus_server",
-    "prometheus_unavailable_reason",
-    "scrape_config",
-]
-
 _PR_SET_PDEATHSIG = 1
 _START_ATTEMPTS = 5  # free ports tried when another program takes the one we picked
 #: Where Debian/Ubuntu's ``prometheus`` package puts the server (searched after PATH).

@@ -21,8 +21,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from course_lib.core.checks import instance_of
 
-__all__ = ["convert_to_fp16"]
-
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     inferred = onnx.shape_inference.infer_shapes(model)

@@ -1,7 +1,7 @@
 """Post-training compression of ONNX models: write an FP16 or INT8 variant of an FP32 file, or refuse.
 
-:func:`make_variant` is the one entry point; the pieces live in their own modules and are re-exported
-here, so ``from course_lib.optimize.compression._variant import ...`` keeps working:
+:func:`make_variant` is the one entry point; the pieces live in their own private modules, and
+``course_lib.optimize.compression`` re-exports them all:
 
 * :mod:`course_lib.optimize.compression._size`: the size arithmetic (parameters x bytes per parameter), also for files;
 * :mod:`course_lib.optimize.compression._quantizability`: what ONNX Runtime's INT8 quantizer can rewrite (a tree ensemble's
@@ -28,31 +28,11 @@ from course_lib.optimize.compression._fp16 import convert_to_fp16
 from course_lib.optimize.compression._int8 import (
     CALIBRATION_METHODS,
     FeedsCalibrationReader,
-    activation_ranges,
 )
 from course_lib.optimize.compression._quantizability import (
     NotQuantizableError,
-    QuantizabilityReport,
-    graph_changes,
     quantizability_report,
 )
-from course_lib.optimize.compression._size import BYTES_PER_PARAMETER, expected_size_bytes, size_table
-
-__all__ = [
-    "BYTES_PER_PARAMETER",
-    "CALIBRATION_METHODS",
-    "VARIANT_MODES",
-    "FeedsCalibrationReader",
-    "NotQuantizableError",
-    "QuantizabilityReport",
-    "activation_ranges",
-    "convert_to_fp16",
-    "expected_size_bytes",
-    "graph_changes",
-    "make_variant",
-    "quantizability_report",
-    "size_table",
-]
 
 #: Variant modes ``make_variant`` can produce from an FP32 ONNX file.
 VARIANT_MODES: tuple[str, ...] = ("fp16", "int8-dynamic", "int8-static")

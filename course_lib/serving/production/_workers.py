@@ -51,8 +51,6 @@ from course_lib.serving.server import (
     serve_app,
 )
 
-__all__ = ["main", "parse_arguments"]
-
 _BACKLOG = 2048
 
 

@@ -43,7 +43,6 @@ import uvicorn
 
 from course_lib.core._process import (
     LOOPBACK_HOST,
-    PARENT_PID_ENV,
     ChildProcess,
     free_port,
     reserve_port,
@@ -52,26 +51,12 @@ from course_lib.core._process import (
 )
 from course_lib.core.checks import integer, positive_number
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
-from course_lib.serving.server._protocols import guarded_protocol
 from course_lib.serving.server._serve import (
     READY_FD_ENV,
     REUSE_PORT_ENV,
     listening_socket,
-    serve_app,
     uvicorn_config,
 )
-
-__all__ = [
-    "LOOPBACK_HOST",
-    "PARENT_PID_ENV",
-    "READY_PATH",
-    "RunningServer",
-    "ServerURLs",
-    "guarded_protocol",
-    "run_processes",
-    "serve_app",
-    "serve_in_thread",
-]
 
 #: Readiness path every course server answers with 200 once it can serve.
 READY_PATH = "/healthz"

@@ -45,20 +45,6 @@ from course_lib.serving.profiling import RequestProfile
 from course_lib.serving.service._forward import AsyncForward, Forward, Lookup
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
 
-__all__ = [
-    "MAX_BODY_BYTES",
-    "MAX_DRAIN_BYTES",
-    "MAX_JSON_DEPTH",
-    "MAX_NUMBER_DIGITS",
-    "SERVER_STAGES",
-    "STAGES",
-    "ChurnService",
-    "RequestError",
-    "ScoreRequest",
-    "ServiceResponse",
-    "run_without_event_loop",
-]
-
 #: The five stages, in request order.
 STAGES: tuple[str, ...] = ("transport", "parse", "lookup", "forward", "format")
 #: The stages the server times itself (and reports in ``Server-Timing``).
