@@ -3,7 +3,7 @@
 ``run_locust`` starts ``locust --headless -u U -r R -t T --csv PREFIX`` on ``loadtests/locustfile.py``
 in a subprocess that stops after its run time (``-t`` plus ``--stop-timeout``), is killed if it
 overruns, and dies with the process that started it (it runs under the course's process guard,
-``python -m course_lib.core._process``). ``read_locust_stats`` reads the ``_stats.csv`` back.
+``python -m course_lib.core._guard``). ``read_locust_stats`` reads the ``_stats.csv`` back.
 
 Properties of Locust's numbers, reproduced here so tests check them against Locust's own code:
 
@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core import checks
+from course_lib.core._guard import guard_command
 from course_lib.core._io import REPO_ROOT
 from course_lib.core._process import child_env
 
@@ -71,9 +72,6 @@ __all__ = [
 
 #: The course's locustfile.
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
-
-#: Runs a command and stops it when this process dies (see ``course_lib.core._process``).
-_GUARD = [sys.executable, "-m", "course_lib.core._process", "--"]
 
 
 def bucket_response_time_ms(response_time_ms: float) -> int:
@@ -317,7 +315,7 @@ def run_locust(
     deadline = run_time_s + stop_timeout_s + 60
     try:
         done = subprocess.run(
-            [*_GUARD, sys.executable, "-m", "locust", *args],
+            guard_command([sys.executable, "-m", "locust", *args]),
             env=child_env({**(env or {}), "PYTHONPATH": path}),
             stdin=subprocess.DEVNULL,
             capture_output=True,

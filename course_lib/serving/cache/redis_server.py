@@ -11,7 +11,7 @@ if its ``INFO server`` ``process_id`` is the pid of the process started here (ot
 is stopped and another port is tried), so a lesson never talks to, or flushes, somebody else's Redis.
 
 The server cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and it runs under
-the course's process guard (``python -m course_lib.core._process``), which stops it and removes its
+the course's process guard (``python -m course_lib.core._guard``), which stops it and removes its
 folder when the Python process that started it dies, even by SIGKILL; its log is an anonymous file.
 So a crashed notebook kernel leaves neither a server nor a folder behind.
 
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_lib.core._guard import guard_command
 from course_lib.core._process import ChildProcess, free_port, start_child
 from course_lib.core.checks import integer, positive_number
 
@@ -176,19 +177,7 @@ def _start(
 
     config = folder / "redis.conf"
     config.write_text(_config_text(folder, password, args))
-    guard = start_child(
-        [
-            sys.executable,
-            "-m",
-            "course_lib.core._process",
-            "--remove",
-            str(folder),
-            "--",
-            executable,
-            str(config),
-        ],
-        name="redis-server",
-    )
+    guard = start_child(guard_command([executable, str(config)], remove=[str(folder)]), name="redis-server")
     unix = args.get("unixsocket")
     port = None if unix else int(args["port"])
     where = dict(unix_socket_path=unix) if unix else dict(host="127.0.0.1", port=port)
