@@ -1,14 +1,8 @@
-"""Post-training compression of ONNX models: write an FP16 or INT8 variant of an FP32 file, or refuse.
+"""``make_variant``: write an FP16 or INT8 variant of an FP32 ONNX file, or refuse with a report.
 
-:func:`make_variant` is the one entry point; the pieces live in their own private modules, and
-``course_lib.optimize.compression`` re-exports them all:
-
-* :mod:`course_lib.optimize.compression._size`: the size arithmetic (parameters x bytes per parameter), also for files;
-* :mod:`course_lib.optimize.compression._quantizability`: what ONNX Runtime's INT8 quantizer can rewrite (a tree ensemble's
-  numbers live in node attributes: nothing to quantize, so ``make_variant`` refuses with a report);
-* :mod:`course_lib.optimize.compression._fp16`: an FP16 conversion that ONNX Runtime can load (the upstream converter's
-  Cast and shared-weight bugs repaired);
-* :mod:`course_lib.optimize.compression._int8`: dynamic and static (QDQ) INT8, calibration, activation ranges.
+The one entry point of ``course_lib.optimize.compression``; the size arithmetic, the quantizability
+report, the FP16 conversion and the INT8 calibration it uses are that package's other private modules
+(its docstring lists them).
 
 References
 ----------
