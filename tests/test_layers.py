@@ -11,9 +11,11 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -201,6 +203,67 @@ def test_a_planted_second_api_list_is_caught(planted_tree: Path):
     target = planted_tree / "serving" / "service" / "_pipeline.py"
     target.write_text(target.read_text() + '\n__all__ = ["ChurnService"]\n')
     assert private_modules_with_their_own_list(planted_tree) == ["course_lib/serving/service/_pipeline.py"]
+
+
+#: The three reasons a function-level import may have (CONTRIBUTING.md, "Imports at the top of the module").
+IMPORT_REASONS = ("cycle", "heavy optional dependency", "subprocess entry point")
+_NOQA = re.compile(r"#\s*noqa:[^#\n]*\bPLC0415\b(?P<rest>[^#\n]*)")
+_REASON = re.compile(r"^(?:,\s*[A-Z]+[0-9]+)*\s+\((?P<reason>[^:)]+)(?::[^)]+)?\)")
+
+
+def unexplained_function_level_imports(package_root: Path) -> list[str]:
+    """``# noqa: PLC0415`` comments that do not name one of :data:`IMPORT_REASONS` in brackets."""
+    bad = []
+    for path in sorted(package_root.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if (found := _NOQA.search(line)) is None:
+                continue
+            reason = _REASON.match(found["rest"])
+            if reason is None or reason["reason"] not in IMPORT_REASONS:
+                bad.append(f"{path.relative_to(package_root.parent).as_posix()}:{number}: {line.strip()}")
+    return bad
+
+
+def test_ruff_checks_function_level_imports_in_course_lib():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"]["lint"]
+    assert "PLC0415" in config["select"]
+    ignored = [path for path, codes in config.get("per-file-ignores", {}).items() if "PLC0415" in codes]
+    assert all(not path.startswith("course_lib/") or path.startswith(HELPER_FILES) for path in ignored), (
+        ignored
+    )
+
+
+#: Files other helpers rewrite on their branches: their imports are not checked here until they land.
+HELPER_FILES = (
+    "course_lib/grading/",
+    "course_lib/serving/{hedging,fallback}.py",
+    "course_lib/serving/replica/",
+    "course_lib/measure/{cold_start,gc_pauses,experiments}.py",
+    "course_lib/simulate/tail.py",
+)
+
+
+def test_every_function_level_import_says_why():
+    assert unexplained_function_level_imports(ROOT / "course_lib") == [], (
+        f"a function-level import says one of {IMPORT_REASONS}: # noqa: PLC0415 (<reason>[: detail])"
+    )
+
+
+@pytest.mark.parametrize(
+    ("comment", "caught"),
+    [
+        ("# noqa: PLC0415", True),
+        ("# noqa: PLC0415 - lazy", True),
+        ("# noqa: PLC0415 (faster)", True),
+        ("# noqa: PLC0415 (cycle)", False),
+        ("# noqa: PLC0415, F401 (subprocess entry point)", False),
+        ("# noqa: PLC0415 (heavy optional dependency: skl2onnx)", False),
+    ],
+)
+def test_a_function_level_import_without_a_reason_is_caught(planted_tree: Path, comment: str, caught: bool):
+    target = planted_tree / "core" / "wording.py"
+    target.write_text(target.read_text() + f"\n\ndef _late():\n    import json  {comment}\n    return json\n")
+    assert bool(unexplained_function_level_imports(planted_tree)) is caught
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import math
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import queue
 import signal
@@ -61,9 +62,7 @@ def warm_up_workers() -> None:
     stays until this process exits. Does nothing where workers are spawned.
     """
     if _context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver  # the module exists only where the method does
-
-        forkserver.ensure_running()
+        multiprocessing.forkserver.ensure_running()
 
 
 def _exit_with_job(job_pid: int) -> None:

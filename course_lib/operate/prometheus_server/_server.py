@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 import pandas as pd
+import yaml
 
 from course_lib.core import checks
 from course_lib.core._guard import guard_command
@@ -296,8 +297,6 @@ def prometheus_server(
     InvalidArgumentError
         For bad targets, intervals or time limits.
     """
-    import yaml
-
     config = scrape_config(targets, scrape_interval_s=scrape_interval_s, job=job, metrics_path=metrics_path)
     checks.positive_number("max_lifetime_s", max_lifetime_s)
     checks.positive_number("startup_timeout_s", startup_timeout_s)

@@ -113,7 +113,8 @@ def make_variant(
     report = quantizability_report(fp32)
     if not report.quantizable:
         raise NotQuantizableError(report)
-    from onnxruntime.quantization import (
+    # ONNX Runtime's quantization tools load only for the INT8 modes
+    from onnxruntime.quantization import (  # noqa: PLC0415 (heavy optional dependency)
         CalibrationMethod,
         QuantFormat,
         QuantType,

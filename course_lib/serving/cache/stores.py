@@ -51,6 +51,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cachetools import TTLCache
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from course_lib.core.checks import callable_, instance_of, integer, number, positive_number
 from course_lib.serving.cache.key import KEY_SEPARATOR, PredictionKey, check_key_part, features_digest
@@ -277,8 +279,6 @@ class RedisPredictionCache(PredictionCache):
         secret: bytes | None = None,
         timeout_s: float = 0.1,
     ):
-        from redis.backoff import NoBackoff  # function-level: redis is optional for in-process caching
-        from redis.retry import Retry
 
         self.ttl_s = positive_number("ttl_s", ttl_s)
         self.ttl_ms = round(self.ttl_s * 1000)

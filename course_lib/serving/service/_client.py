@@ -99,7 +99,8 @@ class ChurnClient:
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0):
-        import httpx
+        # httpx is the client's: a server importing course_lib.serving.service never loads it
+        import httpx  # noqa: PLC0415 (heavy optional dependency)
 
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s)
 
