@@ -24,7 +24,7 @@ __all__ = ["__version__", "env_report"]
 def __getattr__(name: str) -> Any:
     """Import ``env_report`` on first use, so ``import course_lib`` needs no numpy or pandas."""
     if name == "env_report":
-        from course_lib.core.env import env_report
+        from course_lib.core.env import env_report  # noqa: PLC0415 (heavy optional dependency)
 
         return env_report
     raise AttributeError(f"module 'course_lib' has no attribute {name!r}")

@@ -44,10 +44,11 @@ def run_lessons(
     kernel_name: str | None = None,
 ) -> list[LessonResult]:
     """Execute every ``*.ipynb`` in ``folder`` (sorted), writing ``out/<name>.ipynb`` and ``.html``."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-    from nbconvert import HTMLExporter
+    # Jupyter's execution stack loads only to run lessons (``--prepare`` alone never needs it)
+    import nbformat  # noqa: PLC0415 (heavy optional dependency)
+    from nbclient import NotebookClient  # noqa: PLC0415 (heavy optional dependency)
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # noqa: PLC0415 (heavy optional dependency)
+    from nbconvert import HTMLExporter  # noqa: PLC0415 (heavy optional dependency)
 
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -84,9 +85,10 @@ def prepare_first_run() -> list[dict[str, object]]:
     list of dict with ``what``, ``path`` (relative to the repository), ``built`` (False: it was there),
     ``seconds`` (wall time of this step) and ``bytes`` (its size on disk).
     """
-    from course_lib.churn.data import DATA_DIR
-    from course_lib.churn.model import load_or_train_churn_model, model_cache_key
-    from course_lib.serving.feature_store import build_feature_store
+    # the model and feature-store stack (pandas, scikit-learn, XGBoost) loads only to build them
+    from course_lib.churn.data import DATA_DIR  # noqa: PLC0415 (heavy optional dependency)
+    from course_lib.churn.model import load_or_train_churn_model, model_cache_key  # noqa: PLC0415 (heavy optional dependency)
+    from course_lib.serving.feature_store import build_feature_store  # noqa: PLC0415 (heavy optional dependency)
 
     root = DATA_DIR.parent
     model_path = root / "build" / "models" / f"churn_model_{model_cache_key()}.pkl"

@@ -8,9 +8,14 @@ included), the same reader that maps modules to lessons.
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -130,6 +135,135 @@ def test_the_package_tree_is_readable_from_ls():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
     assert not long, long
+
+
+#: Packages whose private modules keep their own ``__all__``, with the reason. ``core``'s private
+#: modules (``_process``, ``_io``) are imported by every layer as modules of their own, not re-exported
+#: by ``course_lib.core``, so their ``__all__`` is the only list of their names.
+OWN_API_LISTS: dict[str, str] = {
+    "course_lib/core": "its private modules are imported directly; course_lib.core re-exports none of them",
+    "course_lib/serving/replica": "the tail helper (Lesson 7) rewrites the replica package on its branch",
+}
+
+
+def _defines_all(path: Path) -> bool:
+    """Whether the module assigns ``__all__`` at its top level."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            return True
+    return False
+
+
+def private_modules_with_their_own_list(package_root: Path) -> list[str]:
+    """Private modules (``_x.py``) that define ``__all__`` although their package's API is listed once,
+    by the package ``__init__`` (or the public module that re-exports them)."""
+    return sorted(
+        path.relative_to(package_root.parent).as_posix()
+        for path in package_root.rglob("_*.py")
+        if not path.name.startswith("__")
+        and path.parent != package_root  # course_lib/_version.py: the version, no API
+        and path.parent.relative_to(package_root.parent).as_posix() not in OWN_API_LISTS
+        and _defines_all(path)
+    )
+
+
+def test_a_concept_package_lists_its_public_api_once():
+    assert private_modules_with_their_own_list(ROOT / "course_lib") == [], (
+        "list the names in the package __init__'s __all__ only, not again in the private module"
+    )
+
+
+def test_every_name_a_package_exports_is_bound():
+    for init in sorted((ROOT / "course_lib").rglob("__init__.py")):
+        name = ".".join(init.parent.relative_to(ROOT).parts)
+        package = importlib.import_module(name)
+        missing = [
+            n
+            for n in getattr(package, "__all__", ())
+            if not hasattr(package, n) and importlib.util.find_spec(f"{name}.{n}") is None
+        ]
+        assert not missing, (name, missing)
+
+
+def test_the_allowlist_of_own_api_lists_holds_only_packages_that_need_it():
+    for folder in OWN_API_LISTS:
+        assert any(_defines_all(p) for p in (ROOT / folder).glob("_*.py") if not p.name.startswith("__")), (
+            f"{folder} no longer needs its OWN_API_LISTS entry"
+        )
+
+
+def test_a_planted_second_api_list_is_caught(planted_tree: Path):
+    target = planted_tree / "serving" / "service" / "_pipeline.py"
+    target.write_text(target.read_text() + '\n__all__ = ["ChurnService"]\n')
+    assert private_modules_with_their_own_list(planted_tree) == ["course_lib/serving/service/_pipeline.py"]
+
+
+#: The three reasons a function-level import may have (CONTRIBUTING.md, "Imports at the top of the module").
+IMPORT_REASONS = ("cycle", "heavy optional dependency", "subprocess entry point")
+_NOQA = re.compile(r"#\s*noqa:[^#\n]*\bPLC0415\b(?P<rest>[^#\n]*)")
+_REASON = re.compile(r"^(?:,\s*[A-Z]+[0-9]+)*\s+\((?P<reason>[^:)]+)(?::[^)]+)?\)")
+
+
+def unexplained_function_level_imports(package_root: Path) -> list[str]:
+    """``# noqa: PLC0415`` comments that do not name one of :data:`IMPORT_REASONS` in brackets."""
+    bad = []
+    for path in sorted(package_root.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if (found := _NOQA.search(line)) is None:
+                continue
+            reason = _REASON.match(found["rest"])
+            if reason is None or reason["reason"] not in IMPORT_REASONS:
+                bad.append(f"{path.relative_to(package_root.parent).as_posix()}:{number}: {line.strip()}")
+    return bad
+
+
+def test_ruff_checks_function_level_imports_in_course_lib():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"]["lint"]
+    assert "PLC0415" in config["select"]
+    ignored = [path for path, codes in config.get("per-file-ignores", {}).items() if "PLC0415" in codes]
+    assert all(not path.startswith("course_lib/") or path.startswith(HELPER_FILES) for path in ignored), (
+        ignored
+    )
+
+
+#: Files other helpers rewrite on their branches: their imports are not checked here until they land.
+HELPER_FILES = (
+    "course_lib/grading/",
+    "course_lib/serving/{hedging,fallback}.py",
+    "course_lib/serving/replica/",
+    "course_lib/measure/{cold_start,gc_pauses,experiments}.py",
+    "course_lib/simulate/tail.py",
+)
+
+
+def test_every_function_level_import_says_why():
+    assert unexplained_function_level_imports(ROOT / "course_lib") == [], (
+        f"a function-level import says one of {IMPORT_REASONS}: # noqa: PLC0415 (<reason>[: detail])"
+    )
+
+
+@pytest.mark.parametrize(
+    ("comment", "caught"),
+    [
+        ("# noqa: PLC0415", True),
+        ("# noqa: PLC0415 - lazy", True),
+        ("# noqa: PLC0415 (faster)", True),
+        ("# noqa: PLC0415 (cycle)", False),
+        ("# noqa: PLC0415, F401 (subprocess entry point)", False),
+        ("# noqa: PLC0415 (heavy optional dependency: skl2onnx)", False),
+    ],
+)
+def test_a_function_level_import_without_a_reason_is_caught(planted_tree: Path, comment: str, caught: bool):
+    target = planted_tree / "core" / "wording.py"
+    target.write_text(target.read_text() + f"\n\ndef _late():\n    import json  {comment}\n    return json\n")
+    assert bool(unexplained_function_level_imports(planted_tree)) is caught
 
 
 @pytest.fixture

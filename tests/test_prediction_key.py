@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from course_lib.churn.data import FEATURE_COLUMNS
+from course_lib.core.checks import InvalidArgumentError
 from course_lib.serving.cache.key import PredictionKey, check_key_part, features_digest
 
 
@@ -20,9 +21,17 @@ def test_a_key_depends_on_every_part_and_reads_as_its_redis_string():
     assert key != PredictionKey("v2", "SC-0000001", "snap-3") != PredictionKey("v1", "SC-0000001", "snap-4")
 
 
-@pytest.mark.parametrize("value", ["", "a|b", 7, None])
-def test_key_parts_must_be_non_empty_strings_without_the_separator(value):
-    with pytest.raises(ValueError, match="namespace must be a non-empty str"):
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", r"namespace must be non-empty, got an empty str"),
+        ("a|b", r"namespace must be a str without '\|', got 'a\|b'"),
+        (7, r"namespace must be a str, got 7 \(int\)"),
+        (None, r"namespace must be a str, got None \(NoneType\)"),
+    ],
+)
+def test_key_parts_must_be_non_empty_strings_without_the_separator(value, message):
+    with pytest.raises(InvalidArgumentError, match=message):
         check_key_part("namespace", value)
 
 

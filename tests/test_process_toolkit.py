@@ -1,4 +1,4 @@
-"""The one process toolkit (``course_lib.core._process``): ports, exit with the parent, stopping, logs, the guard."""
+"""The one process toolkit (``course_lib.core._process``, the guard ``course_lib.core._guard``): ports, exit with the parent, stopping, logs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from course_lib.core._guard import guard_command
 from course_lib.core._process import (
     PARENT_DEATHSIG_ENV,
     PARENT_PID_ENV,
@@ -129,10 +130,7 @@ def test_the_guard_stops_its_command_and_removes_its_folder_when_told_to(tmp_pat
     folder = tmp_path / "scratch"
     folder.mkdir()
     (folder / "file").write_text("x")
-    guard = start_child(
-        [sys.executable, "-m", "course_lib.core._process", "--remove", str(folder), "--", "sleep", "60"],
-        name="guard",
-    )
+    guard = start_child(guard_command(["sleep", "60"], remove=[str(folder)]), name="guard")
     wait_until(lambda: psutil.Process(guard.pid).children(), timeout_s=30, what="the guarded command")
     command = psutil.Process(guard.pid).children()[0].pid
     assert stop_process(guard.popen, 10, group=False) == 128 + signal.SIGTERM
@@ -154,3 +152,26 @@ def test_a_parent_pid_inherited_from_an_ancestor_is_ignored_and_a_dead_one_is_no
             assert done.returncode == 1 and "already gone" in done.stderr
         else:
             assert done.returncode == 0 and done.stdout.strip() == expected
+
+
+def test_a_child_also_exits_when_the_second_process_it_watches_is_gone():
+    """``with_pid``: a pool worker whose parent is a fork server exits with the job all the same."""
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    code = (
+        "import os, time\n"
+        "from course_lib.core._process import exit_with_parent\n"
+        f"exit_with_parent(os.getppid(), with_pid={job.pid}, check_s=0.05, exit_code=7)\n"
+        "print('watching', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "watching"
+        assert child.poll() is None  # the job lives: the child stays
+        job.kill()
+        job.wait(timeout=10)
+        assert child.wait(timeout=30) == 7
+    finally:
+        for proc in (job, child):
+            proc.kill()
+            proc.wait()

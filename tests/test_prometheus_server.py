@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -199,20 +200,20 @@ def test_prometheus_stops_with_the_process_that_started_it(monitored, tmp_path):
         import sys, time
         from course_lib.operate.prometheus_server import prometheus_server
         with prometheus_server([{monitored.url!r}], scrape_interval_s=1.0, wait_for_first_scrape=False) as prom:
-            print(prom.process.pid, flush=True)
+            print(prom.guard.pid, prom.folder, flush=True)
             time.sleep(600)
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ)
-    pid = int(parent.stdout.readline())
-    assert psutil.pid_exists(pid)
+    guard_pid, folder = parent.stdout.readline().split()
+    guard = psutil.Process(int(guard_pid))
+    processes = [guard, *guard.children()]  # the guard and the Prometheus it runs
+    assert len(processes) == 2 and "prometheus" in processes[1].name()
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
-    wait_until(
-        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-        timeout_s=10,
-        what="the orphaned Prometheus to exit",
-    )
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    assert not alive, alive
+    assert not Path(folder).exists()  # the guard removed storage and configuration
 
 
 def test_a_missing_program_is_reported_with_the_reason(monkeypatch, tmp_path):

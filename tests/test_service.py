@@ -410,18 +410,6 @@ def test_json_media_types_follow_fastapis_rule(content_type, accepted):
     assert is_json_content_type(content_type) is accepted
 
 
-def test_the_service_modules_keep_every_public_name_importable_from_course_lib_service():
-    import course_lib.serving.service as service
-    import course_lib.serving.service._app as app
-    import course_lib.serving.service._client as client
-    import course_lib.serving.service._pipeline as pipeline
-    import course_lib.serving.service._strict_json as strict_json
-
-    for module in (app, client, pipeline, strict_json):
-        for name in module.__all__:
-            assert getattr(service, name) is getattr(module, name), name
-
-
 def test_handle_runs_the_stages_without_an_event_loop_even_inside_a_running_one(onnx_service):
     body = body_of({"customer_id": "SC-0000042"})
 

@@ -278,3 +278,15 @@ def test_a_peer_and_every_process_it_forks_stop_with_its_launcher(tmp_path):
     launcher.wait(timeout=30)
     _, alive = psutil.wait_procs(processes, timeout=15)
     assert not alive
+
+
+def test_k6_that_fails_is_reported_with_the_end_of_its_output(tmp_path):
+    """k6 runs under the course's process guard; a script it cannot run fails with k6's own words."""
+    from course_lib.measure.waterfall import run_k6
+
+    script = tmp_path / "broken.js"
+    script.write_text("this is not javascript\n")
+    with pytest.raises(RuntimeError, match=r"k6 exited with code [1-9]\d*: .*broken\.js: Line 1"):
+        run_k6("http://127.0.0.1:9/score", rate_rps=1, duration_s=1, ids=["SC-0000001"], script=script,
+               log_dir=tmp_path / "k6")  # fmt: skip
+    assert "Unexpected identifier" in (tmp_path / "k6" / "k6.log").read_text()

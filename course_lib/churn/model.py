@@ -10,6 +10,7 @@ import hashlib
 import json
 import pickle
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +27,11 @@ from xgboost import XGBClassifier
 from course_lib.churn.data import (
     BINARY_COLUMNS,
     CATEGORICAL_LEVELS,
+    DATA_DIR,
     FEATURE_COLUMNS,
     NUMERIC_COLUMNS,
     TARGET_COLUMN,
+    TELCO_SHA256,
     clean_telco,
     load_telco,
 )
@@ -331,9 +334,6 @@ def model_cache_key() -> str:
     ``course_lib/churn/model.py``); 10 hex digits. An edit to the preprocessing or a library upgrade gives a
     new key, so a stale pickle is never served.
     """
-    from importlib.metadata import PackageNotFoundError, version
-
-    from course_lib.churn.data import TELCO_SHA256
 
     def installed(name: str) -> str:
         try:
@@ -360,8 +360,6 @@ def load_or_train_churn_model(cache_dir: str | Path = "build/models") -> ChurnMo
     training code), so a change of any of them retrains. Relative ``cache_dir`` paths are taken from the
     repository root. Processes that train at the same time write their own temporary files.
     """
-    from course_lib.churn.data import DATA_DIR
-
     folder = Path(cache_dir)
     if not folder.is_absolute():
         folder = DATA_DIR.parent / folder

@@ -14,9 +14,8 @@ model-pool helpers):
   when the parent thread dies) where it is safe, plus a watchdog thread that polls ``os.getppid()``
   (an orphan is re-parented, so its parent pid changes) everywhere;
 * :func:`stop_process`: SIGTERM to the whole process group, a bounded wait, then SIGKILL;
-* ``python -m course_lib.core._process --parent-pid P [--remove DIR] -- CMD ...``: a guard for a
-  program that cannot run :func:`exit_with_parent` itself (``redis-server``, Locust): it runs ``CMD``,
-  and when ``P`` dies or it is told to stop, it stops ``CMD`` and removes ``DIR``.
+* the guard for a program that cannot run :func:`exit_with_parent` itself (``redis-server``, Locust,
+  k6) is :mod:`course_lib.core._guard` (``guard_command(CMD)`` starts it).
 
 References
 ----------
@@ -27,11 +26,9 @@ for children started from the main thread), ``getppid(2)``, ``setpgid(2)``; ``so
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -54,7 +51,10 @@ __all__ = [
     "exit_with_parent",
     "free_port",
     "log_tail",
+    "parent_to_watch",
+    "pid_alive",
     "reserve_port",
+    "set_pdeathsig",
     "start_child",
     "stop_process",
     "stop_processes",
@@ -99,7 +99,7 @@ def reserve_port(host: str = LOOPBACK_HOST) -> socket.socket:
     return sock
 
 
-def _set_pdeathsig(sig: int) -> bool:
+def set_pdeathsig(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent thread dies; False where impossible."""
     if not sys.platform.startswith("linux"):
         return False
@@ -110,7 +110,8 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie not yet reaped counts; so does another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -137,6 +138,22 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+def parent_to_watch(parent_pid: int | None = None) -> int:
+    """The pid whose death should end this process: ``parent_pid``, else the one its starter named.
+
+    Default: :data:`PARENT_PID_ENV` if set (``start_child`` sets it), else ``os.getppid()``. A
+    variable naming a live process other than this one's parent was inherited from an ancestor and is
+    ignored; one naming a dead process means the parent died before this process ran (it is returned,
+    and ``os.getppid()`` differs from it at once).
+    """
+    named = int(os.environ.get(PARENT_PID_ENV) or 0)
+    if parent_pid:
+        return int(parent_pid)
+    if named and named != os.getppid() and pid_alive(named):
+        return os.getppid()  # the variable was inherited from an ancestor: not about us
+    return named or os.getppid()
+
+
 def exit_with_parent(
     parent_pid: int | None = None,
     *,
@@ -144,15 +161,14 @@ def exit_with_parent(
     check_s: float = PARENT_CHECK_S,
     deathsig: int = signal.SIGKILL,
     exit_code: int = 0,
+    with_pid: int | None = None,
 ) -> int:
     """In a child process: end this process soon after its parent does. Returns the parent's pid.
 
     Parameters
     ----------
     parent_pid : int, optional
-        Default: :data:`PARENT_PID_ENV` if set (``start_child`` sets it), else ``os.getppid()``. A
-        variable naming a live process other than this one's parent was inherited from an ancestor
-        and is ignored; one naming a dead process means the parent died before this process ran.
+        The parent to outlive never; default :func:`parent_to_watch`'s choice.
     on_exit : callable, optional
         Run by the watchdog before it exits (a short cleanup: stop a child, remove a folder).
     check_s : float > 0
@@ -163,6 +179,9 @@ def exit_with_parent(
         must clean up (its handler then does).
     exit_code : int
         Code of the watchdog's exit.
+    with_pid : int, optional
+        A second process whose end ends this one too (a pool worker's job, where the pool's fork
+        server is the worker's parent).
 
     Raises
     ------
@@ -171,21 +190,16 @@ def exit_with_parent(
     """
     check_s = number("check_s", check_s, min=0, min_open=True)
     named = int(os.environ.get(PARENT_PID_ENV) or 0)
-    if parent_pid:
-        parent = int(parent_pid)
-    elif named and named != os.getppid() and _alive(named):
-        parent = os.getppid()  # the variable was inherited from an ancestor: not about us
-    else:
-        parent = named or os.getppid()
+    parent = parent_to_watch(parent_pid)
     if named == parent == os.getppid() and os.environ.get(PARENT_DEATHSIG_ENV) == "1":
-        _set_pdeathsig(deathsig)
+        set_pdeathsig(deathsig)
     if os.getppid() != parent:
         if on_exit is not None:
             on_exit()
         raise SystemExit(f"parent process {parent} is already gone")
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and (with_pid is None or pid_alive(with_pid)):
             time.sleep(check_s)
         try:
             if on_exit is not None:
@@ -346,65 +360,3 @@ def start_child(
         log.close()
         raise
     return ChildProcess(popen, log, name or os.path.basename(str(argv[0])))
-
-
-# ----------------------------------------------------------------------------- the guard
-
-
-def _guard(argv: Sequence[str] | None = None) -> int:
-    """``python -m course_lib.core._process``: run a command and stop it when the parent dies."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.core._process", description=_guard.__doc__)
-    parser.add_argument("--parent-pid", type=int, default=0, help="default: $COURSE_PARENT_PID")
-    parser.add_argument("--remove", action="append", default=[], help="folder removed at the end")
-    parser.add_argument("--stop-timeout-s", type=float, default=2.0)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("a command is required after --")
-    lock, done = threading.Lock(), list[bool]()
-    child: subprocess.Popen[bytes] | None = None
-
-    def finish() -> None:
-        """Stop the command and remove the folders, once (the main thread or the watchdog)."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in _GUARD_SIGNALS:  # nothing may interrupt the cleanup now
-                signal.signal(sig, signal.SIG_IGN)
-        with lock:
-            if not done:
-                if child is not None:
-                    stop_process(child, args.stop_timeout_s, group=False)
-                for folder in args.remove:
-                    shutil.rmtree(folder, ignore_errors=True)
-                done.append(True)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        raise _GuardStopError(signum)  # out of child.wait() (never wait again inside a signal handler)
-
-    # The handlers come first, so a stop signal is handled however early it arrives (the exec'd command
-    # starts with default handlers again). The child is started before any thread exists here (fork with
-    # threads can deadlock); the kernel kills it if this guard is killed (SIGKILL leaves no time).
-    for sig in _GUARD_SIGNALS:
-        signal.signal(sig, on_signal)
-    try:
-        child = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL)
-        )
-        exit_with_parent(args.parent_pid or None, on_exit=finish, deathsig=signal.SIGTERM, exit_code=1)
-        code = child.wait()
-    except _GuardStopError as stop:
-        finish()
-        return 128 + int(stop.args[0])
-    finish()
-    return code if code >= 0 else 128 - code
-
-
-class _GuardStopError(Exception):
-    """A stop signal reached the guard."""
-
-
-_GUARD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-if __name__ == "__main__":
-    sys.exit(_guard())

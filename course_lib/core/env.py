@@ -113,7 +113,7 @@ def env_report() -> EnvReport:
         Print it (``print(env_report())``) at the top of a lesson or benchmark.
     """
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # noqa: PLC0415 (heavy optional dependency)
 
         providers = list(ort.get_available_providers())
     except ImportError:  # pragma: no cover - onnxruntime is a dependency

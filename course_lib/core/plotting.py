@@ -55,7 +55,7 @@ def log_ticks(low: float, high: float, *, min_ticks: int = 4) -> list[float]:
 
 def set_log_ticks(ax: Any, low: float, high: float, *, axis: str = "x", min_ticks: int = 4) -> list[float]:
     """Put :func:`log_ticks` on ``ax``'s ``axis`` ("x" or "y") as plain numbers; minor labels off."""
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import NullFormatter  # noqa: PLC0415 (heavy optional dependency)
 
     one_of("axis", axis, ("x", "y"))
     ticks = log_ticks(low, high, min_ticks=min_ticks)

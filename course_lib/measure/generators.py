@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core._process import exit_with_parent
+from course_lib.core.checks import integer, positive_number
 from course_lib.measure.loadgen import (
     SEND_LAG_BOUND_MS,
     SPIN_WINDOW_S,
@@ -75,8 +76,8 @@ NULL_SERVER = DEFAULTS.replace(http="httptools", loop="uvloop", max_in_flight=10
 def _warm_worker(parent_pid: int) -> None:
     """Worker initializer: leave with the parent; import what a run needs now, not inside the first timed run."""
     exit_with_parent(parent_pid)
-    import aiohttp  # noqa: F401
-    import uvloop  # noqa: F401
+    import aiohttp  # noqa: PLC0415, F401 (subprocess entry point)
+    import uvloop  # noqa: PLC0415, F401 (subprocess entry point)
 
 
 def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
     If the process starts its schedule late (after ``start_at``), every request left that much later
     than intended: the lateness is added to each request's send lag and latency, never dropped.
     """
-    import uvloop
+    import uvloop  # noqa: PLC0415 (subprocess entry point)
 
     async def main() -> tuple[LoadResult, float]:
         async with aiohttp_target(spec["url"], spec["payloads"], fields=spec["fields"])() as send:
@@ -153,12 +154,8 @@ class GeneratorPool:
     """
 
     def __init__(self, n_processes: int = 2, *, start_delay_s: float = 0.3):
-        if isinstance(n_processes, bool) or not isinstance(n_processes, int) or n_processes < 1:
-            raise ValueError(f"n_processes must be an integer >= 1, got {n_processes!r}")
-        if not start_delay_s > 0:
-            raise ValueError(f"start_delay_s must be > 0 seconds, got {start_delay_s!r}")
-        self.n_processes = n_processes
-        self.start_delay_s = float(start_delay_s)
+        self.n_processes = integer("n_processes", n_processes, min=1)
+        self.start_delay_s = positive_number("start_delay_s", start_delay_s)
         ctx = multiprocessing.get_context("spawn")
         self._pool = ProcessPoolExecutor(
             max_workers=n_processes, mp_context=ctx, initializer=_warm_worker, initargs=(os.getpid(),)
@@ -202,12 +199,7 @@ class GeneratorPool:
         k = self.n_processes if n_processes is None else n_processes
         if not 1 <= k <= self.n_processes:
             raise ValueError(f"n_processes must be in 1..{self.n_processes}, got {n_processes!r}")
-        if (
-            isinstance(warm_connections, bool)
-            or not isinstance(warm_connections, int)
-            or warm_connections < 0
-        ):
-            raise ValueError(f"warm_connections must be an integer >= 0, got {warm_connections!r}")
+        warm_connections = integer("warm_connections", warm_connections, min=0)
         start_at = time.time() + self.start_delay_s  # one instant for every process
         n_requests = int(rate_rps * duration_s * 1.5) + 100
         specs = []
@@ -334,8 +326,7 @@ def generator_limit(
     ValueError
         For a negative ``retries``.
     """
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+    retries = integer("retries", retries, min=0)
     rows = []
     limit = 0.0
     for rate in sorted(float(r) for r in rates_rps):

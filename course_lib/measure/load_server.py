@@ -30,7 +30,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
+import httpx
+import orjson
+import psutil
+
 from course_lib.core.checks import integer, one_of, positive_number
+from course_lib.core.waiting import wait_until
 from course_lib.serving.server import (
     DEFAULTS,
     EVENT_LOOPS,
@@ -64,14 +69,12 @@ class OrjsonChurnService(ChurnService):
     """``ChurnService`` whose format stage encodes the answer with ``orjson`` (same keys, same rounding)."""
 
     def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
-        import orjson
-
         return orjson.dumps(self.answer(request, churn_probability))  # one encode, same fields
 
 
 def _build_app(config: ServerConfig, json_encoder: str):
-    # function-level import: course_lib.serving.batching.predict loads the model stack (server side only)
-    from course_lib.serving.batching.predict import churn_service, create_batched_app
+    # serving.batching.predict loads the model stack: only the server process needs it
+    from course_lib.serving.batching.predict import churn_service, create_batched_app  # noqa: PLC0415 (subprocess entry point)
 
     service = churn_service("xgboost", lookup_mode="cached")
     if json_encoder == "orjson":
@@ -182,8 +185,6 @@ def sample_rss(pid: int | Sequence[int], *, interval_s: float = 0.05) -> Iterato
     Yields the list the samples are appended to (one sum over the process trees per ``interval_s``);
     sampling stops when the block ends.
     """
-    import psutil
-
     roots = [psutil.Process(p) for p in ([pid] if isinstance(pid, int) else pid)]
     samples: list[int] = []
     stop = threading.Event()
@@ -234,10 +235,6 @@ def wait_idle(url: str, *, quick_ms: float = 20.0, timeout_s: float = 30.0, stri
     TimeoutError
         If ``strict`` and the server is still busy after ``timeout_s``.
     """
-    import httpx
-
-    from course_lib.core.waiting import wait_until
-
     last = [float("inf")]
 
     def quick() -> bool:

@@ -3,7 +3,7 @@
 ``run_locust`` starts ``locust --headless -u U -r R -t T --csv PREFIX`` on ``loadtests/locustfile.py``
 in a subprocess that stops after its run time (``-t`` plus ``--stop-timeout``), is killed if it
 overruns, and dies with the process that started it (it runs under the course's process guard,
-``python -m course_lib.core._process``). ``read_locust_stats`` reads the ``_stats.csv`` back.
+``python -m course_lib.core._guard``). ``read_locust_stats`` reads the ``_stats.csv`` back.
 
 Properties of Locust's numbers, reproduced here so tests check them against Locust's own code:
 
@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core import checks
+from course_lib.core._guard import guard_command
 from course_lib.core._io import REPO_ROOT
 from course_lib.core._process import child_env
 
@@ -71,9 +72,6 @@ __all__ = [
 
 #: The course's locustfile.
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
-
-#: Runs a command and stops it when this process dies (see ``course_lib.core._process``).
-_GUARD = [sys.executable, "-m", "course_lib.core._process", "--"]
 
 
 def bucket_response_time_ms(response_time_ms: float) -> int:
@@ -234,8 +232,7 @@ def locust_percentile(samples_ms: Iterable[float], q: float) -> int:
     ValueError
         For no samples or q outside [0, 100].
     """
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q!r}")
+    q = checks.number("q", q, min=0, max=100)
     buckets = pd.Series([bucket_response_time_ms(float(x)) for x in samples_ms])
     if buckets.empty:
         raise ValueError("samples_ms is empty")
@@ -304,12 +301,9 @@ def run_locust(
     RuntimeError
         If Locust exits non-zero for a reason other than failed requests, or overruns (with its output).
     """
-    if isinstance(users, bool) or not isinstance(users, int) or users < 1:
-        raise ValueError(f"users must be an integer >= 1, got {users!r}")
-    if not spawn_rate > 0:
-        raise ValueError(f"spawn_rate must be > 0 users per second, got {spawn_rate!r}")
-    if isinstance(run_time_s, bool) or not isinstance(run_time_s, int) or run_time_s < 1:
-        raise ValueError(f"run_time_s must be an integer >= 1 second, got {run_time_s!r}")
+    users = checks.integer("users", users, min=1)
+    spawn_rate = checks.positive_number("spawn_rate", spawn_rate, unit="users per second")
+    run_time_s = checks.integer("run_time_s", run_time_s, min=1)
     Path(csv_prefix).parent.mkdir(parents=True, exist_ok=True)
     args = [
         "-f", str(locustfile), "--headless", "--host", host, "-u", str(users), "-r", f"{spawn_rate:g}",
@@ -321,7 +315,7 @@ def run_locust(
     deadline = run_time_s + stop_timeout_s + 60
     try:
         done = subprocess.run(
-            [*_GUARD, sys.executable, "-m", "locust", *args],
+            guard_command([sys.executable, "-m", "locust", *args]),
             env=child_env({**(env or {}), "PYTHONPATH": path}),
             stdin=subprocess.DEVNULL,
             capture_output=True,

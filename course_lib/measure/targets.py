@@ -18,8 +18,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+import aiohttp
+import httpx
+
 from course_lib.core.checks import integer, non_empty
 from course_lib.measure.loadgen import SERVED_FIELDS, Send
+from course_lib.serving.batching.batcher import DynamicBatcher
 from course_lib.serving.service import HttpStatusError, raise_for_status
 
 __all__ = [
@@ -92,8 +96,6 @@ def batcher_target(
     fields : attributes of ``BatchedResult`` to record.
     **batcher_kwargs : knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (``max_batch_size``, ...).
     """
-    from course_lib.serving.batching.batcher import DynamicBatcher
-
     DynamicBatcher(score_batch, **batcher_kwargs)  # validate the knobs now, not mid-sweep
     names = tuple(fields)
 
@@ -109,8 +111,6 @@ def http_client_target(
     url: str, payloads: Sequence[Any], *, fields: Iterable[str] = SERVED_FIELDS, max_connections: int = 256
 ) -> Callable[[], AbstractAsyncContextManager[Send]]:
     """Factory for ``sweep_rates``: a fresh ``httpx.AsyncClient`` per run, POSTing JSON to ``url``."""
-    import httpx
-
     names = tuple(fields)
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
 
@@ -135,8 +135,6 @@ def aiohttp_target(
     ValueError
         If ``payloads`` is empty or ``max_connections`` < 1.
     """
-    import aiohttp
-
     non_empty("payloads", payloads)
     max_connections = integer("max_connections", max_connections, min=1)
     names = tuple(fields)

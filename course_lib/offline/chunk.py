@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from course_lib.churn.data import ID_COLUMN
+from course_lib.core._io import atomic_path
 from course_lib.offline.rows import check_rows, encode_rows
 from course_lib.offline.scorers import ScorerSpec
 from course_lib.offline.store import ChunkPlan, read_chunk
@@ -134,13 +135,13 @@ def _input_buffer(rows: int, width: int) -> np.ndarray:
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` as Parquet to ``path`` so that a reader sees no file or the whole file.
 
-    The temporary name starts with a dot and ends with ``.tmp`` (a job removes leftovers of a killed
-    run when it starts). Constant columns are dictionary-encoded, the unique ids are not.
+    Written through ``course_lib.core._io.atomic_path``: the temporary name starts with a dot and ends
+    with ``.tmp`` (a job removes leftovers of a killed run when it starts). Constant columns are
+    dictionary-encoded, the unique ids are not.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     constant = [c for c in ("model_version", "scored_at") if c in table.column_names]
-    pq.write_table(table, tmp, use_dictionary=constant or False)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, use_dictionary=constant or False)
 
 
 def _tables(task: ChunkTask, checked, p: np.ndarray) -> tuple[pa.Table, pa.Table]:

@@ -112,10 +112,10 @@ def compile_trees(
     reason = compiled_trees_unavailable()
     if reason is not None:
         raise RuntimeError(f"compiled trees are unavailable: {reason}")
-    # heavy optional dependencies: imported only when trees are compiled
-    import tl2cgen
-    import treelite
-    import xgboost as xgb
+    # treelite and tl2cgen are optional (compiled_trees_unavailable says when they are missing)
+    import tl2cgen  # noqa: PLC0415 (heavy optional dependency)
+    import treelite  # noqa: PLC0415 (heavy optional dependency)
+    import xgboost as xgb  # noqa: PLC0415 (heavy optional dependency)
 
     versions = f"treelite {metadata.version('treelite')} tl2cgen {metadata.version('tl2cgen')} {c_compiler()}"
     key = hashlib.sha256(booster_raw + versions.encode()).hexdigest()[:12]
@@ -154,7 +154,8 @@ def trees_predictor(library: str | Path, *, threads: int = 1) -> Callable[[np.nd
     The library applies XGBoost's sigmoid itself; results agree with XGBoost to about 1e-6 (float32
     sums in another order), not bit for bit.
     """
-    import tl2cgen  # heavy optional dependency, loaded by the worker that uses it
+    # optional, and loaded only by the worker that scores with compiled trees
+    import tl2cgen  # noqa: PLC0415 (heavy optional dependency)
 
     predictor = tl2cgen.Predictor(str(library), nthread=threads)
 

@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.workers or default_workers(args.threads)) > 1:
         warm_up_workers()  # the fork server imports its modules while this process loads the model
-    from course_lib.churn.model import load_or_train_churn_model  # scikit-learn: only the command needs it
+    # the training stack (scikit-learn) loads only for the command, while the fork server starts
+    from course_lib.churn.model import load_or_train_churn_model  # noqa: PLC0415 (heavy optional dependency)
 
     source = Path(args.source) if args.source else build_parquet_store(args.customers, args.seed)
     model = load_or_train_churn_model()

@@ -83,7 +83,8 @@ class ScorerSpec:
     def build(self) -> Callable[[np.ndarray], np.ndarray]:
         """The scorer: float32 ``(n, width)`` C-contiguous -> churn probabilities float64 ``(n,)``."""
         if self.runtime == "xgboost":
-            import xgboost as xgb  # heavy: imported by the processes that score with it
+            # each runtime's library loads only in the processes that score with it
+            import xgboost as xgb  # noqa: PLC0415 (heavy optional dependency)
 
             booster = xgb.Booster()
             booster.load_model(bytearray(self.artifact))
@@ -95,7 +96,8 @@ class ScorerSpec:
 
             return score
         if self.runtime == "onnxruntime":
-            from course_lib.churn.export import make_session  # heavy (onnx, onnxruntime, scikit-learn)
+            # onnx, ONNX Runtime and scikit-learn: only for this runtime
+            from course_lib.churn.export import make_session  # noqa: PLC0415 (heavy optional dependency)
 
             session = make_session(bytes(self.artifact), intra_op_num_threads=self.threads)
             name = session.get_inputs()[0].name
@@ -133,8 +135,9 @@ def scorer_spec(model: object, runtime: str, *, threads: int = 1) -> ScorerSpec:
     if runtime == "xgboost":
         artifact: bytes | str = raw
     elif runtime == "onnxruntime":
-        from onnxmltools import convert_xgboost  # heavy converter, needed only for this runtime
-        from onnxmltools.convert.common.data_types import FloatTensorType
+        # the converter loads only to prepare this runtime
+        from onnxmltools import convert_xgboost  # noqa: PLC0415 (heavy optional dependency)
+        from onnxmltools.convert.common.data_types import FloatTensorType  # noqa: PLC0415 (heavy optional dependency)
 
         onnx_model = convert_xgboost(
             booster,

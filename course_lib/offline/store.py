@@ -19,7 +19,6 @@ Apache Parquet format (row groups); pyarrow documentation, ``ParquetWriter`` and
 from __future__ import annotations
 
 import functools
-import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from course_lib.churn.data import CATEGORICAL_LEVELS, DATA_DIR, FEATURE_COLUMNS, ID_COLUMN, make_customers
+from course_lib.core._io import atomic_path
 from course_lib.core.checks import integer
 from course_lib.serving.feature_store import TABLE
 
@@ -75,17 +75,18 @@ def build_parquet_store(
     if path.is_file():
         return path
     base.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     width = max(7, len(str(n_customers)))
     # every column dictionary-encoded except the unique ids, for which a dictionary only costs time
-    with pq.ParquetWriter(tmp, _store_schema(), use_dictionary=list(FEATURE_COLUMNS)) as writer:
+    with (
+        atomic_path(path) as tmp,
+        pq.ParquetWriter(tmp, _store_schema(), use_dictionary=list(FEATURE_COLUMNS)) as writer,
+    ):
         for k, start in enumerate(range(0, n_customers, generate_rows)):
             rows = min(generate_rows, n_customers - start)
             block = make_customers(rows, seed + k)[[ID_COLUMN, *FEATURE_COLUMNS]]
             block[ID_COLUMN] = [f"SC-{i:0{width}d}" for i in range(start + 1, start + rows + 1)]
             table = pa.Table.from_pandas(block, schema=_store_schema(), preserve_index=False)
             writer.write_table(table, row_group_size=row_group_rows)
-    os.replace(tmp, path)
     return path
 
 

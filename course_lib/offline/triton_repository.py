@@ -35,7 +35,6 @@ README (``model_type``, ``output_class``, ``predict_proba``), and "perf_analyzer
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +42,7 @@ import onnx
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from course_lib.core._io import atomic_write_bytes
 from course_lib.core.checks import integer, integers
 
 __all__ = ["export_triton_repository", "fil_config", "onnx_config", "parse_config"]
@@ -147,9 +147,7 @@ def parse_config(path: str | Path) -> mc.ModelConfig:
 
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data)
 
 
 def export_triton_repository(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import math
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import queue
 import signal
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
+from course_lib.core._process import exit_with_parent
 from course_lib.core.checks import integer
 from course_lib.offline.chunk import ChunkResult, ChunkTask, score_chunk
 
@@ -60,33 +62,17 @@ def warm_up_workers() -> None:
     stays until this process exits. Does nothing where workers are spawned.
     """
     if _context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver  # the module exists only where the method does
-
-        forkserver.ensure_running()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - a pid reused by another user's process
-        return False
-    return True
+        multiprocessing.forkserver.ensure_running()
 
 
 def _exit_with_job(job_pid: int) -> None:
-    """Worker initializer: ignore Ctrl-C, and exit as soon as the job's process ``job_pid`` is gone."""
+    """Worker initializer: ignore Ctrl-C, and exit as soon as the job's process ``job_pid`` is gone.
+
+    The worker's parent is the fork server (or the job itself when spawned): an orphan is re-parented
+    (its parent pid changes), and the job's own pid vanishes once it is reaped.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()  # the fork server (or the job itself when spawned)
-
-    def watch() -> None:
-        # an orphan is re-parented (its parent pid changes); the job's own pid vanishes once reaped
-        while os.getppid() == parent and _alive(job_pid):
-            time.sleep(PARENT_CHECK_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="job-watch", daemon=True).start()
+    exit_with_parent(os.getppid(), with_pid=job_pid, check_s=PARENT_CHECK_S, exit_code=1)
 
 
 def worker_pool(processes: int) -> ProcessPoolExecutor:

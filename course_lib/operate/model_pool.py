@@ -43,6 +43,7 @@ import psutil
 
 from course_lib.core._process import child_env, exit_with_parent, start_child, stop_processes
 from course_lib.core.bench import round_order, time_calls_ns
+from course_lib.core.checks import integer
 from course_lib.core.intervals import ratio_interval
 from course_lib.core.percentiles import percentile
 from course_lib.core.waiting import wait_until
@@ -78,8 +79,7 @@ def rss_per_model_mib(model_path: str | Path, n_models: int, *, timeout_s: float
     Returns a list of ``n_models + 1`` readings; differences are the memory each model adds. Raises
     ``ValueError`` for ``n_models < 1`` and ``FileNotFoundError`` for a missing model file.
     """
-    if not isinstance(n_models, int) or n_models < 1:
-        raise ValueError(f"n_models must be an integer >= 1, got {n_models!r}")
+    n_models = integer("n_models", n_models, min=1)
     if not Path(model_path).is_file():
         raise FileNotFoundError(f"ONNX model file not found: {model_path}")
     return _run_json(_command("memory", "--model", str(model_path), "--n", str(n_models)), timeout_s)[
@@ -97,8 +97,7 @@ def measure_startup_s(model_path: str | Path, *, warmup_calls: int = 100, timeou
     start-up and every import, numpy/pandas/onnxruntime/course_lib included). A lower bound for a real
     pod, which also waits for scheduling and an image pull.
     """
-    if not isinstance(warmup_calls, int) or warmup_calls < 0:
-        raise ValueError(f"warmup_calls must be an integer >= 0, got {warmup_calls!r}")
+    warmup_calls = integer("warmup_calls", warmup_calls, min=0)
     start = time.perf_counter()
     out = _run_json(_command("startup", "--model", str(model_path), "--warmup", str(warmup_calls)), timeout_s)
     out["spawn_to_ready_s"] = time.perf_counter() - start
@@ -264,9 +263,9 @@ def _start_batch_job(args: list[str]) -> subprocess.Popen:
 
 
 def _one_row_feeds(session: object, n: int) -> dict:
-    from course_lib.churn.data import clean_telco, load_telco
-    from course_lib.churn.export import OnnxChurnScorer
-    from course_lib.churn.model import features
+    from course_lib.churn.data import clean_telco, load_telco  # noqa: PLC0415 (subprocess entry point)
+    from course_lib.churn.export import OnnxChurnScorer  # noqa: PLC0415 (subprocess entry point)
+    from course_lib.churn.model import features  # noqa: PLC0415 (subprocess entry point)
 
     frame = features(clean_telco(load_telco()))
     rows = frame.sample(n=n, replace=n > len(frame), random_state=0)
@@ -288,7 +287,7 @@ def _child(argv: Sequence[str]) -> None:
     lifetime = threading.Timer(args.lifetime_s, os._exit, (0,))
     lifetime.daemon = True
     lifetime.start()
-    from course_lib.churn.export import make_session
+    from course_lib.churn.export import make_session  # noqa: PLC0415 (subprocess entry point)
 
     if args.mode == "memory":
         me = psutil.Process()

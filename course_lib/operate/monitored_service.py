@@ -53,6 +53,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 
 from course_lib.core.checks import integer, non_empty
+from course_lib.core.waiting import wait_until
 from course_lib.operate.http_metrics import DoorCollector
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S
 from course_lib.serving.server import DoorCounters, door_counters
@@ -60,6 +61,7 @@ from course_lib.serving.service import (
     ChurnService,
     ClientGoneError,
     DeadlineExceededError,
+    Forward,
     RequestError,
     ServiceResponse,
     check_still_wanted,
@@ -77,7 +79,6 @@ __all__ = [
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 SCORE_BUCKETS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 11))
-Forward = Callable[[list[dict[str, object]]], np.ndarray]
 
 
 class _CacheCollector:
@@ -256,8 +257,6 @@ class ShadowScorer:
         TimeoutError
             If the queue is not empty after ``timeout_s``.
         """
-        from course_lib.core.waiting import wait_until
-
         self._wake.set()
         wait_until(lambda: self._pending == 0, timeout_s=timeout_s)
 

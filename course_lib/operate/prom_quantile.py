@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
 
 from course_lib.core.percentiles import percentile
 
@@ -221,8 +222,6 @@ def scraped_buckets(text: str, name: str, **labels: str) -> list[Bucket]:
     KeyError
         If no ``<name>_bucket`` sample matches the labels.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
     out = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from course_lib.core._io import atomic_write_text
 from course_lib.operate.alerting import (
@@ -76,8 +77,6 @@ def promtool_test_file(
     ValueError
         If no rule of ``rules`` comes from ``rule_file``.
     """
-    import yaml
-
     mine = {r.name: r for r in rules if r.file == rule_file}
     if not mine:
         raise ValueError(f"no rule comes from {rule_file!r}; files: {sorted({r.file for r in rules})}")

@@ -32,6 +32,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pandas as pd
 
 from course_lib.churn.export import make_session
@@ -190,9 +192,6 @@ def optimized_op_counts(
     ValueError
         For an unknown level.
     """
-    import onnx
-    import onnxruntime as ort
-
     codes = {
         "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 
 import onnx
 
-__all__ = ["METADATA_DATA_SHA256", "METADATA_MODEL_VERSION", "stamp_identity"]
-
 #: ONNX ``metadata_props`` keys written by ``pipeline_to_onnx``: which model and which data made the file.
 METADATA_MODEL_VERSION = "course_model_version"
 METADATA_DATA_SHA256 = "course_data_sha256"

@@ -29,20 +29,6 @@ from course_lib.churn.export._metadata import METADATA_DATA_SHA256, METADATA_MOD
 from course_lib.churn.schema import check_frame, check_records
 from course_lib.core.checks import instance_of, integer, non_empty, one_of, positive_number
 
-__all__ = [
-    "METADATA_DATA_SHA256",
-    "METADATA_MODEL_VERSION",
-    "PARITY_ATOL",
-    "ModelMismatchError",
-    "OnnxChurnScorer",
-    "ParityError",
-    "ParityReport",
-    "check_parity",
-    "make_session",
-    "pipeline_to_onnx",
-    "stamp_identity",
-]
-
 #: Largest allowed |p_native - p_onnx| on the test set (issue 2 of the workbook).
 PARITY_ATOL = 1e-5
 _GRAPH_LEVELS = {
@@ -62,10 +48,11 @@ def _register_xgboost_converter() -> None:
     global _registered
     if _registered:
         return
-    from onnxmltools.convert.xgboost.operator_converters.XGBoost import convert_xgboost
-    from skl2onnx import update_registered_converter
-    from skl2onnx.common.shape_calculator import calculate_linear_classifier_output_shapes
-    from xgboost import XGBClassifier
+    # the converters (and XGBoost's) load only when a pipeline is exported, never in a server
+    from onnxmltools.convert.xgboost.operator_converters.XGBoost import convert_xgboost  # noqa: PLC0415 (heavy optional dependency)
+    from skl2onnx import update_registered_converter  # noqa: PLC0415 (heavy optional dependency)
+    from skl2onnx.common.shape_calculator import calculate_linear_classifier_output_shapes  # noqa: PLC0415 (heavy optional dependency)
+    from xgboost import XGBClassifier  # noqa: PLC0415 (heavy optional dependency)
 
     update_registered_converter(
         XGBClassifier,
@@ -107,8 +94,9 @@ def pipeline_to_onnx(
         ``probabilities`` (float32, (n, 2)); column 1 is the churn probability. ``metadata_props``
         hold the model version and the data checksum (``OnnxChurnScorer.model_version`` reads them).
     """
-    from skl2onnx import convert_sklearn
-    from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+    # skl2onnx loads only here: a server that opens a saved .onnx file never needs it
+    from skl2onnx import convert_sklearn  # noqa: PLC0415 (heavy optional dependency)
+    from skl2onnx.common.data_types import FloatTensorType, StringTensorType  # noqa: PLC0415 (heavy optional dependency)
 
     _register_xgboost_converter()
     initial_types = [
@@ -126,7 +114,8 @@ def pipeline_to_onnx(
         "telco_churn_pipeline"  # skl2onnx names graphs with a random uuid; keep files repeatable
     )
     if model_version is None and "xgb" in getattr(pipeline, "named_steps", {}):
-        from course_lib.churn.model import model_version as content_hash
+        # churn.model loads XGBoost and the training stack, needed here only to hash the model
+        from course_lib.churn.model import model_version as content_hash  # noqa: PLC0415 (heavy optional dependency)
 
         model_version = content_hash(pipeline)
     version = None if model_version is None else str(model_version)

@@ -17,12 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import xgboost
 
+from course_lib.churn.data import make_customers
+from course_lib.churn.export import OnnxChurnScorer, make_session
+from course_lib.churn.model import features
 from course_lib.churn.pruning import served_rounds
 from course_lib.core.checks import non_empty, one_of
 from course_lib.measure.throughput._measure import Candidate
-
-__all__ = ["churn_candidates"]
 
 
 def churn_candidates(
@@ -70,10 +72,6 @@ def churn_candidates(
         CUDA provider in the session (``onnxruntime`` instead of ``onnxruntime-gpu``, or CUDA libraries
         missing).
     """
-    from course_lib.churn.data import make_customers
-    from course_lib.churn.export import OnnxChurnScorer, make_session
-    from course_lib.churn.model import features
-
     for i, runtime in enumerate(non_empty("runtimes", runtimes)):
         one_of(f"runtimes[{i}]", runtime, ("onnxruntime", "xgboost"))
     one_of("device", device, ("cpu", "cuda"))
@@ -100,8 +98,6 @@ def churn_candidates(
 
         out.append(Candidate(f"onnxruntime/{device}", "onnxruntime", device, onnx_call, max_batch_size))
     if "xgboost" in runtimes:
-        import xgboost
-
         if device == "cuda" and not xgboost.build_info().get("USE_CUDA", False):
             raise RuntimeError(
                 f"xgboost {xgboost.__version__} was built without CUDA; install a CUDA build "

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
@@ -59,18 +60,6 @@ from course_lib.core.checks import (
     positive_number,
 )
 from course_lib.core.percentiles import percentile
-
-__all__ = [
-    "MEASUREMENTS_DIR",
-    "SCHEMA",
-    "Candidate",
-    "ThroughputRecord",
-    "load_measurement",
-    "measure_batch_latency",
-    "onnx_node_placement",
-    "p99_median_of_rounds_us",
-    "rps_at_p99_limit",
-]
 
 SCHEMA = "course_lib.measure.throughput._measure/1"
 #: Recorded measurements: ``cpu_throughput.json`` (measured on the course machine) and, once recorded on a
@@ -100,16 +89,6 @@ class Candidate:
     device: str
     make_call: Callable[[int], Callable[[], object]]
     max_batch_size: int | None = None
-
-
-def __getattr__(name: str) -> object:
-    # The churn model's candidates live in course_lib.measure.throughput._candidates (model-specific); this keeps
-    # ``from course_lib.measure.throughput._measure import churn_candidates`` working without an import cycle.
-    if name == "churn_candidates":
-        from course_lib.measure.throughput._candidates import churn_candidates
-
-        return churn_candidates
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def measure_batch_latency(
@@ -265,8 +244,6 @@ def onnx_node_placement(
     -------
     dict of provider -> number of node executions in the profiled run.
     """
-    import onnxruntime as ort
-
     source = model if isinstance(model, bytes) else model.SerializeToString()
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()

@@ -48,18 +48,6 @@ from course_lib.serving.production import PRODUCTION, ProductionConfig, producti
 from course_lib.serving.profiling import parse_server_timing
 from course_lib.serving.server import DEFAULTS, run_processes
 
-__all__ = [
-    "FLOOR_STEP",
-    "PRODUCTION_STEP",
-    "PROTOTYPE_STEP",
-    "SERVERS",
-    "WATERFALL",
-    "WaterfallRun",
-    "in_process_ceiling",
-    "run_waterfall",
-    "tool_comparison",
-]
-
 PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP = "prototype", "production", "null endpoint (floor)"
 _C = {"forward": "loop", "workers": 1}
 #: The servers the steps run on: ``None`` is the prototype (``serve_churn``), else a production config.

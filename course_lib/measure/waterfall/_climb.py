@@ -41,20 +41,6 @@ from course_lib.core.checks import integer, number, positive_number
 from course_lib.measure.knee import MAX_ERROR_RATE, step_row
 from course_lib.measure.loadgen import LoadResult
 
-__all__ = [
-    "LADDER_RATIO",
-    "MIN_REQUESTS_P99",
-    "WaterfallStep",
-    "floor_model",
-    "geometric_ladder",
-    "interleaved_climb",
-    "knees",
-    "lever_table",
-    "lever_verdict",
-    "rung_duration_s",
-    "start_rungs",
-]
-
 #: Requests a rung needs to judge a p99: 10 / (1 - 0.99).
 MIN_REQUESTS_P99 = 1000
 #: Rungs of the ladder are this far apart (2 ** (1/4): four rungs per doubling).

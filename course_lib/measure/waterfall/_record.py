@@ -19,15 +19,6 @@ import pandas as pd
 from course_lib.churn.data import DATA_DIR
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 
-__all__ = [
-    "RECORDED_WATERFALL",
-    "WaterfallRecord",
-    "load_waterfall",
-    "save_waterfall",
-    "table_from_rows",
-    "table_rows",
-]
-
 RECORDED_WATERFALL = DATA_DIR / "measurements" / "service_waterfall.json"
 _SCHEMA = "inference-workbook/service-waterfall/1"
 

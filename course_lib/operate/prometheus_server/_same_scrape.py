@@ -21,8 +21,6 @@ import pandas as pd
 from course_lib.operate.prom_quantile import extrapolated_rate, histogram_quantile, rate_rules
 from course_lib.operate.prometheus_server._server import PrometheusServer
 
-__all__ = ["same_scrape_comparison"]
-
 
 def same_scrape_comparison(
     prom: PrometheusServer,

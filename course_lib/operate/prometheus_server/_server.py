@@ -5,11 +5,10 @@
 given ``host:port`` targets (one job, a short scrape interval), starts the server on a free loopback
 port with its storage in a private temporary folder, waits until ``/-/ready`` answers and checks that
 the server answering is the one it started (its ``storage.tsdb.path`` flag is our folder), and always
-stops it on exit. It cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and on
-Linux the kernel kills it when the Python process that started it dies (``PR_SET_PDEATHSIG``). Its
-log goes to a file in that folder (never to a pipe nobody reads); the end of the log is in every
-error. The process rules are those of ``course_lib.serving.cache.redis_server`` (the course's process
-toolkit, ``course_lib.core._process``, was not on this branch when this module was written).
+stops it on exit. It cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and it
+runs under the course's process guard (``course_lib.core._guard``, as ``redis-server`` does), which
+stops it and removes its folder when the Python process that started it dies. Its log goes to an
+anonymous file (never to a pipe nobody reads); the end of the log is in every error.
 
 ``PrometheusServer.query`` asks the HTTP API (``/api/v1/query``) at a fixed evaluation time, so a
 PromQL answer and the raw samples behind it come from the same stored scrapes.
@@ -22,21 +21,16 @@ References
 Prometheus documentation, "Configuration" (``global.scrape_interval``, ``scrape_configs``,
 ``static_configs``), "HTTP API" (``/api/v1/query``, ``/api/v1/targets``, ``/api/v1/status/flags``,
 ``/api/v1/status/buildinfo``), "Management API" (``/-/ready``) and "Querying basics" (range vector
-selectors). Linux ``prctl(2)``, ``PR_SET_PDEATHSIG``.
+selectors).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,21 +38,13 @@ from typing import Any
 
 import httpx
 import pandas as pd
+import yaml
 
 from course_lib.core import checks
+from course_lib.core._guard import guard_command
+from course_lib.core._process import ChildProcess, free_port, start_child
 from course_lib.core.waiting import wait_until
 
-__all__ = [
-    "SYSTEM_PATHS",
-    "PrometheusServer",
-    "PrometheusUnavailableError",
-    "find_prometheus",
-    "prometheus_server",
-    "prometheus_unavailable_reason",
-    "scrape_config",
-]
-
-_PR_SET_PDEATHSIG = 1
 _START_ATTEMPTS = 5  # free ports tried when another program takes the one we picked
 #: Where Debian/Ubuntu's ``prometheus`` package puts the server (searched after PATH).
 SYSTEM_PATHS: tuple[str, ...] = ("/usr/bin/prometheus",)
@@ -135,33 +121,19 @@ def scrape_config(
     }
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to SIGKILL the child when its parent dies (None elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _labels_key(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
 @dataclass
 class PrometheusServer:
-    """A running Prometheus server: where it listens, what it scrapes, and how to ask it."""
+    """A running Prometheus server: where it listens, what it scrapes, and how to ask it.
+
+    ``guard`` is the process guard the server runs under (its only child is the server).
+    """
 
     executable: str
-    process: subprocess.Popen
+    guard: ChildProcess
     folder: Path
     port: int
     scrape_interval_s: float
@@ -173,19 +145,12 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def log_path(self) -> Path:
-        return self.folder / "prometheus.log"
-
-    @property
     def running(self) -> bool:
-        return self.process.poll() is None
+        return self.guard.running
 
     def log_tail(self, n_chars: int = 2000) -> str:
-        """The end of the server's log (empty if it wrote none)."""
-        try:
-            return self.log_path.read_text(errors="replace")[-n_chars:]
-        except OSError:
-            return ""
+        """The end of the server's log (empty if it wrote none, or once it is stopped)."""
+        return self.guard.tail(n_chars)
 
     def _get(self, path: str, **params: Any) -> Any:
         try:
@@ -237,22 +202,15 @@ class PrometheusServer:
         return list(self._get("/api/v1/targets")["activeTargets"])
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; remove the temporary folder (storage and log)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """SIGTERM, then SIGKILL after ``timeout_s``; remove the temporary folder (storage and config)."""
+        self.guard.stop(timeout_s)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _start(
     executable: str, folder: Path, config_path: Path, port: int, startup_timeout_s: float
-) -> tuple[subprocess.Popen, str]:
-    """Start Prometheus on ``port``, wait until it is ready and provably ours; the process and its version."""
-    log = folder / "prometheus.log"
+) -> tuple[ChildProcess, str]:
+    """Start Prometheus on ``port``, wait until it is ready and provably ours; its guard and its version."""
     cmd = [
         executable,
         f"--config.file={config_path}",
@@ -261,18 +219,11 @@ def _start(
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
     ]
-    with open(log, "ab") as log_file:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent(),  # one prctl call in the child, nothing else
-        )
-    server = PrometheusServer(executable, proc, folder, port, 0.0)
+    guard = start_child(guard_command(cmd, remove=[str(folder)], stop_timeout_s=10.0), name="prometheus")
+    server = PrometheusServer(executable, guard, folder, port, 0.0)
 
     def ready() -> bool:
-        if proc.poll() is not None:
+        if not guard.running:
             return True
         try:
             return httpx.get(server.url + "/-/ready", timeout=1.0).status_code == 200
@@ -282,24 +233,24 @@ def _start(
     try:
         wait_until(ready, timeout_s=startup_timeout_s, what="Prometheus to answer /-/ready", interval_s=0.05)
     except TimeoutError:
-        server.process.kill()
-        server.process.wait()
-        raise PrometheusUnavailableError(
-            f"prometheus did not become ready within {startup_timeout_s:g} s; log: {server.log_tail()}"
-        ) from None
-    if proc.poll() is not None:
         tail = server.log_tail()
+        guard.stop()
+        raise PrometheusUnavailableError(
+            f"prometheus did not become ready within {startup_timeout_s:g} s; log: {tail}"
+        ) from None
+    if not guard.running:
+        tail = server.log_tail()
+        code = guard.stop()
         error = _PortTakenError if "address already in use" in tail else PrometheusUnavailableError
-        raise error(f"prometheus exited with code {proc.returncode}: {tail.strip()}")
+        raise error(f"prometheus exited with code {code}: {tail.strip()}")
     flags = server._get("/api/v1/status/flags")
     if flags.get("storage.tsdb.path") != str(folder / "data"):
         # somebody else's server answers on this port: never use it, stop ours
-        server.process.kill()
-        server.process.wait()
+        guard.stop()
         raise _PortTakenError(
             f"127.0.0.1:{port} is served by another Prometheus ({flags.get('storage.tsdb.path')})"
         )
-    return proc, str(server._get("/api/v1/status/buildinfo").get("version", ""))
+    return guard, str(server._get("/api/v1/status/buildinfo").get("version", ""))
 
 
 @contextmanager
@@ -345,14 +296,7 @@ def prometheus_server(
         or every port tried was taken by another program.
     InvalidArgumentError
         For bad targets, intervals or time limits.
-
-    Notes
-    -----
-    As with ``redis_server``: Linux delivers ``PR_SET_PDEATHSIG`` when the *thread* that started the
-    server exits, so start it from a long-lived thread (a notebook's or a test run's main thread).
     """
-    import yaml
-
     config = scrape_config(targets, scrape_interval_s=scrape_interval_s, job=job, metrics_path=metrics_path)
     checks.positive_number("max_lifetime_s", max_lifetime_s)
     checks.positive_number("startup_timeout_s", startup_timeout_s)
@@ -361,12 +305,13 @@ def prometheus_server(
         raise PrometheusUnavailableError(prometheus_unavailable_reason(executable) or "prometheus not found")
     folder = Path(tempfile.mkdtemp(prefix="course-prometheus-"))
     config_path = folder / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     try:
         for attempt in range(_START_ATTEMPTS):  # a free port can be taken before the server binds it
-            port = _free_port()
+            folder.mkdir(exist_ok=True)  # the guard of a failed attempt removes the folder as it stops
+            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+            port = free_port()
             try:
-                proc, version = _start(path, folder, config_path, port, startup_timeout_s)
+                guard, version = _start(path, folder, config_path, port, startup_timeout_s)
                 break
             except _PortTakenError as err:
                 if attempt == _START_ATTEMPTS - 1:
@@ -377,7 +322,7 @@ def prometheus_server(
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    server = PrometheusServer(path, proc, folder, port, float(scrape_interval_s), version)
+    server = PrometheusServer(path, guard, folder, port, float(scrape_interval_s), version)
     watchdog = threading.Timer(max_lifetime_s, server.stop)
     watchdog.daemon = True
     watchdog.start()

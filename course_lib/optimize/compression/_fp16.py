@@ -17,11 +17,11 @@ from __future__ import annotations
 import copy
 
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from onnxconverter_common import float16
 
 from course_lib.core.checks import instance_of
-
-__all__ = ["convert_to_fp16"]
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -94,8 +94,6 @@ def convert_to_fp16(
     pull requests #326 (regression from #291), #328 (retarget the Cast's ``to``) and #329 (an initializer
     shared by a blocked and a converted node).
     """
-    from onnxconverter_common import float16
-
     instance_of("model", model, onnx.ModelProto)
     work = copy.deepcopy(model)
     types = _elem_types(work)
@@ -183,7 +181,6 @@ def _cast_shared_fp32_initializers(model: onnx.ModelProto) -> int:
 
 
 def _check_loads(model: onnx.ModelProto) -> None:
-    import onnxruntime as ort
 
     try:
         ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

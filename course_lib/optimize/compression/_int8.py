@@ -24,8 +24,6 @@ from onnx import numpy_helper
 from course_lib.core.checks import InvalidArgumentError, integer, non_empty
 from course_lib.optimize.compression._quantizability import load_model_proto
 
-__all__ = ["CALIBRATION_METHODS", "FeedsCalibrationReader", "activation_ranges"]
-
 #: Calibration methods of ONNX Runtime's static quantizer, by the names the course uses.
 CALIBRATION_METHODS: tuple[str, ...] = ("minmax", "entropy", "percentile")
 

@@ -23,14 +23,6 @@ from onnx import TensorProto, helper
 
 from course_lib.core.checks import instance_of
 
-__all__ = [
-    "NotQuantizableError",
-    "QuantizabilityReport",
-    "graph_changes",
-    "load_model_proto",
-    "quantizability_report",
-]
-
 #: Op types whose weight initializers ONNX Runtime's quantizer rewrites (dynamic mode: IntegerOps
 #: registry; static QDQ: these plus activations around them).
 _WEIGHT_OP_TYPES: frozenset[str] = frozenset(

@@ -14,8 +14,6 @@ import pandas as pd
 
 from course_lib.core.checks import integer, one_of
 
-__all__ = ["BYTES_PER_PARAMETER", "expected_size_bytes", "size_table"]
-
 #: Storage per parameter by precision (IEEE float32 / float16, int8).
 BYTES_PER_PARAMETER: dict[str, int] = {"fp32": 4, "fp16": 2, "int8": 1}
 

@@ -1,14 +1,8 @@
-"""Post-training compression of ONNX models: write an FP16 or INT8 variant of an FP32 file, or refuse.
+"""``make_variant``: write an FP16 or INT8 variant of an FP32 ONNX file, or refuse with a report.
 
-:func:`make_variant` is the one entry point; the pieces live in their own modules and are re-exported
-here, so ``from course_lib.optimize.compression._variant import ...`` keeps working:
-
-* :mod:`course_lib.optimize.compression._size`: the size arithmetic (parameters x bytes per parameter), also for files;
-* :mod:`course_lib.optimize.compression._quantizability`: what ONNX Runtime's INT8 quantizer can rewrite (a tree ensemble's
-  numbers live in node attributes: nothing to quantize, so ``make_variant`` refuses with a report);
-* :mod:`course_lib.optimize.compression._fp16`: an FP16 conversion that ONNX Runtime can load (the upstream converter's
-  Cast and shared-weight bugs repaired);
-* :mod:`course_lib.optimize.compression._int8`: dynamic and static (QDQ) INT8, calibration, activation ranges.
+The one entry point of ``course_lib.optimize.compression``; the size arithmetic, the quantizability
+report, the FP16 conversion and the INT8 calibration it uses are that package's other private modules
+(its docstring lists them).
 
 References
 ----------
@@ -28,31 +22,11 @@ from course_lib.optimize.compression._fp16 import convert_to_fp16
 from course_lib.optimize.compression._int8 import (
     CALIBRATION_METHODS,
     FeedsCalibrationReader,
-    activation_ranges,
 )
 from course_lib.optimize.compression._quantizability import (
     NotQuantizableError,
-    QuantizabilityReport,
-    graph_changes,
     quantizability_report,
 )
-from course_lib.optimize.compression._size import BYTES_PER_PARAMETER, expected_size_bytes, size_table
-
-__all__ = [
-    "BYTES_PER_PARAMETER",
-    "CALIBRATION_METHODS",
-    "VARIANT_MODES",
-    "FeedsCalibrationReader",
-    "NotQuantizableError",
-    "QuantizabilityReport",
-    "activation_ranges",
-    "convert_to_fp16",
-    "expected_size_bytes",
-    "graph_changes",
-    "make_variant",
-    "quantizability_report",
-    "size_table",
-]
 
 #: Variant modes ``make_variant`` can produce from an FP32 ONNX file.
 VARIANT_MODES: tuple[str, ...] = ("fp16", "int8-dynamic", "int8-static")
@@ -139,7 +113,8 @@ def make_variant(
     report = quantizability_report(fp32)
     if not report.quantizable:
         raise NotQuantizableError(report)
-    from onnxruntime.quantization import (
+    # ONNX Runtime's quantization tools load only for the INT8 modes
+    from onnxruntime.quantization import (  # noqa: PLC0415 (heavy optional dependency)
         CalibrationMethod,
         QuantFormat,
         QuantType,

@@ -18,8 +18,6 @@ from typing import Any
 
 from course_lib.serving.batching._results import BatcherClosedError, BatcherStats
 
-__all__ = ["QueueEntry", "RequestQueue"]
-
 
 @dataclass(eq=False)  # identity, not field equality: two equal items are two entries
 class QueueEntry:

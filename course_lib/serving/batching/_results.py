@@ -12,14 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Generic, TypeVar
 
-__all__ = [
-    "BatchScoringError",
-    "BatchedResult",
-    "BatcherClosedError",
-    "BatcherStats",
-    "QueueFullError",
-]
-
 R = TypeVar("R")
 
 

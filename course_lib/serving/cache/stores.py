@@ -50,10 +50,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 from cachetools import TTLCache
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import callable_, instance_of, integer, number, positive_number
 from course_lib.serving.cache.key import KEY_SEPARATOR, PredictionKey, check_key_part, features_digest
 
 __all__ = [
@@ -93,32 +94,6 @@ class CacheStats:
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "hit_rate": self.hit_rate}
-
-
-def _check_value(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"value must be a number (a churn probability), got {type(value).__name__}")
-    out = float(value)
-    if not math.isfinite(out):
-        raise ValueError(f"value must be finite, got {value!r}")
-    return out
-
-
-def _check_key(key: object) -> PredictionKey:
-    if not isinstance(key, PredictionKey):
-        raise TypeError(f"key must be a PredictionKey, got {type(key).__name__}")
-    return key
-
-
-def _check_ttl(ttl_s: object) -> float:
-    if (
-        isinstance(ttl_s, bool)
-        or not isinstance(ttl_s, (int, float))
-        or not math.isfinite(ttl_s)
-        or ttl_s <= 0
-    ):
-        raise ValueError(f"ttl_s must be a finite number of seconds > 0, got {ttl_s!r}")
-    return float(ttl_s)
 
 
 class PredictionCache(ABC):
@@ -198,17 +173,15 @@ class InProcessPredictionCache(PredictionCache):
     """
 
     def __init__(self, maxsize: int, ttl_s: float, *, timer: Callable[[], float] = time.monotonic):
-        if isinstance(maxsize, bool) or not isinstance(maxsize, (int, np.integer)) or maxsize < 1:
-            raise ValueError(f"maxsize must be a positive integer number of entries, got {maxsize!r}")
-        if not callable(timer):
-            raise TypeError(f"timer must be a callable returning seconds, got {type(timer).__name__}")
-        self.maxsize, self.ttl_s = int(maxsize), _check_ttl(ttl_s)
+        self.maxsize = integer("maxsize", maxsize, min=1)
+        self.ttl_s = positive_number("ttl_s", ttl_s)
+        callable_("timer", timer)
         self._cache = _CountingTTLCache(self.maxsize, self.ttl_s, timer)
         self._lock = threading.Lock()
         self._hits = self._misses = self._sets = 0
 
     def get(self, key: PredictionKey) -> float | None:
-        _check_key(key)
+        instance_of("key", key, PredictionKey)
         with self._lock:
             value = self._cache.get(key)
             if value is None:
@@ -218,8 +191,8 @@ class InProcessPredictionCache(PredictionCache):
             return value
 
     def set(self, key: PredictionKey, value: float) -> None:
-        _check_key(key)
-        checked = _check_value(value)
+        instance_of("key", key, PredictionKey)
+        checked = number("value", value, unit="a churn probability")
         with self._lock:
             self._cache[key] = checked
             self._sets += 1
@@ -306,10 +279,8 @@ class RedisPredictionCache(PredictionCache):
         secret: bytes | None = None,
         timeout_s: float = 0.1,
     ):
-        from redis.backoff import NoBackoff  # function-level: redis is optional for in-process caching
-        from redis.retry import Retry
 
-        self.ttl_s = _check_ttl(ttl_s)
+        self.ttl_s = positive_number("ttl_s", ttl_s)
         self.ttl_ms = round(self.ttl_s * 1000)
         if self.ttl_ms < 1:
             raise ValueError(f"ttl_s must be at least 0.001 s (Redis PX is in milliseconds), got {ttl_s!r}")
@@ -340,7 +311,7 @@ class RedisPredictionCache(PredictionCache):
         return int(info["evicted_keys"]), int(info["expired_keys"])
 
     def get(self, key: PredictionKey) -> float | None:
-        name = _check_key(key).as_str(self.namespace)
+        name = instance_of("key", key, PredictionKey).as_str(self.namespace)
         raw = self.client.get(name)
         value = None if raw is None else self._verified(name, raw)
         with self._lock:
@@ -359,8 +330,8 @@ class RedisPredictionCache(PredictionCache):
         return float(text)
 
     def set(self, key: PredictionKey, value: float) -> None:
-        name = _check_key(key).as_str(self.namespace)
-        text = repr(_check_value(value))
+        name = instance_of("key", key, PredictionKey).as_str(self.namespace)
+        text = repr(number("value", value, unit="a churn probability"))
         self.client.set(name, f"{text}|{self._mac(name, text)}", px=self.ttl_ms)
         with self._lock:
             self._sets += 1

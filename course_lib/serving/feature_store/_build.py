@@ -29,18 +29,6 @@ from course_lib.churn.data import (
 from course_lib.core._io import atomic_path, leftover_temporaries
 from course_lib.core.checks import integer
 
-__all__ = [
-    "DEFAULT_N_CUSTOMERS",
-    "DEFAULT_SEED",
-    "SCHEMA_VERSION",
-    "TABLE",
-    "FeatureStoreBuild",
-    "build_feature_store",
-    "customer_id",
-    "feature_store_path",
-    "read_meta",
-]
-
 DEFAULT_N_CUSTOMERS = 1_000_000
 DEFAULT_SEED = 0
 #: Bump when the table layout changes; part of the file name, so an old file is never misread.

@@ -37,28 +37,10 @@ from course_lib.serving.feature_store._build import (
     DEFAULT_SEED,
     SCHEMA_VERSION,
     TABLE,
-    FeatureStoreBuild,
     build_feature_store,
     customer_id,
-    feature_store_path,
     read_meta,
 )
-
-__all__ = [
-    "DEFAULT_CACHE_MAXSIZE",
-    "DEFAULT_CACHE_TTL_S",
-    "DEFAULT_N_CUSTOMERS",
-    "DEFAULT_SEED",
-    "LOOKUP_MODES",
-    "SCHEMA_VERSION",
-    "CachedFeatureStore",
-    "FeatureStore",
-    "FeatureStoreBuild",
-    "build_feature_store",
-    "customer_id",
-    "feature_store_path",
-    "make_lookup",
-]
 
 #: The three ways the service can fetch features.
 LOOKUP_MODES: tuple[str, ...] = ("indexed", "unindexed", "cached")

@@ -62,8 +62,6 @@ from course_lib.serving.service import (
     refuse,
 )
 
-__all__ = ["NULL_ANSWER", "READY_DIR_ENV", "create_production_app", "worker_ready_path"]
-
 #: The constant answer of ``POST /null``.
 NULL_ANSWER = b'{"ok":true}'
 #: Folder where each worker marks itself loaded (set by the supervisor); unset: ready once loaded.

@@ -34,18 +34,6 @@ from typing import Any
 from course_lib.core.bench import usable_cores
 from course_lib.core.checks import integer, number, one_of
 
-__all__ = [
-    "ENCODERS",
-    "FORWARD_MODES",
-    "FORWARD_PROBE_CALLS",
-    "HTTP_PARSERS",
-    "LOOPS",
-    "OFF_LOOP_ABOVE_MS",
-    "PRODUCTION",
-    "RUNTIMES",
-    "ProductionConfig",
-]
-
 RUNTIMES: tuple[str, ...] = ("onnxruntime", "xgboost")
 FORWARD_MODES: tuple[str, ...] = ("auto", "loop", "thread", "batcher")
 ENCODERS: tuple[str, ...] = ("orjson", "json")

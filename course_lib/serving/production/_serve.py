@@ -18,8 +18,6 @@ from course_lib.serving.feature_store import build_feature_store
 from course_lib.serving.production._config import PRODUCTION, ProductionConfig
 from course_lib.serving.server import DEFAULTS, ServerConfig, run_processes, to_argv
 
-__all__ = ["ProductionServer", "production_command", "serve_production"]
-
 
 @dataclass(frozen=True)
 class ProductionServer:

@@ -26,8 +26,6 @@ from course_lib.serving.batching.predict import churn_service
 from course_lib.serving.production._config import ENCODERS, FORWARD_PROBE_CALLS, ProductionConfig
 from course_lib.serving.service import ChurnService, ScoreRequest
 
-__all__ = ["ProductionService", "build_service", "forward_cost_ms"]
-
 
 class ProductionService(ChurnService):
     """``ChurnService`` whose answer is encoded once, with ``encoder`` ("orjson" or "json").

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from course_lib.core._process import parent_to_watch, stop_processes
 from course_lib.serving.production._app import READY_DIR_ENV, create_production_app, worker_ready_path
 from course_lib.serving.production._config import (
     ENCODERS,
@@ -50,8 +51,6 @@ from course_lib.serving.server import (
     from_arguments,
     serve_app,
 )
-
-__all__ = ["main", "parse_arguments"]
 
 _BACKLOG = 2048
 
@@ -95,21 +94,8 @@ def _serve(
     serve_app(app, port=args.port, config=server, sock=sock)
 
 
-def _stop_all(workers: list[subprocess.Popen], grace_s: float) -> None:
-    for proc in workers:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for proc in workers:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _supervise(sock: socket.socket, argv: Sequence[str], n_workers: int, server: ServerConfig) -> int:
-    parent_pid = int(os.environ.get(PARENT_PID_ENV, os.getppid()))
+    parent_pid = parent_to_watch()
     stopping = [False]
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -145,7 +131,7 @@ def _supervise(sock: socket.socket, argv: Sequence[str], n_workers: int, server:
                     break
                 time.sleep(server.parent_check_s)
         finally:
-            _stop_all(workers, server.graceful_shutdown_s + 5.0)
+            stop_processes(workers, server.graceful_shutdown_s + 5.0, group=False)
     return code
 
 

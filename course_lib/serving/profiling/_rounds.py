@@ -20,8 +20,6 @@ from course_lib.core.bench import round_order
 from course_lib.core.intervals import RatioInterval, ratio_interval
 from course_lib.serving.profiling._stages import END_TO_END, LatencyBudget, RequestProfile
 
-__all__ = ["RoundsProfile", "profile_in_rounds"]
-
 
 @dataclass
 class RoundsProfile:

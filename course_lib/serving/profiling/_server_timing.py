@@ -19,8 +19,6 @@ from collections.abc import Mapping
 
 from course_lib.core.checks import InvalidArgumentError, instance_of, positive_number
 
-__all__ = ["check_metric_name", "format_server_timing", "parse_server_timing"]
-
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: a valid metric name
 
 

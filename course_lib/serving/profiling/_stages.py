@@ -34,19 +34,7 @@ from course_lib.core.percentiles import percentile
 from course_lib.serving.profiling._server_timing import (
     check_metric_name,
     format_server_timing,
-    parse_server_timing,
 )
-
-__all__ = [
-    "END_TO_END",
-    "SUMMARY_COLUMNS",
-    "LatencyBudget",
-    "RequestProfile",
-    "StageTimer",
-    "format_server_timing",
-    "parse_server_timing",
-    "profile_requests",
-]
 
 #: Row label of the end-to-end total in ``LatencyBudget.summary()``.
 END_TO_END = "end_to_end"

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from course_lib.core._process import PARENT_PID_ENV
 from course_lib.serving.server._config import (
     DEFAULTS,
     EVENT_LOOPS,
@@ -46,7 +47,6 @@ from course_lib.serving.server._runners import (
 )
 from course_lib.serving.server._serve import (
     LOOPBACK_HOST,
-    PARENT_PID_ENV,
     READY_FD_ENV,
     listening_socket,
     serve_app,

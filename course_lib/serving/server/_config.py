@@ -56,17 +56,6 @@ from typing import Any
 
 from course_lib.core.checks import InvalidArgumentError, integer, number, one_of
 
-__all__ = [
-    "DEFAULTS",
-    "EVENT_LOOPS",
-    "HTTP_PARSERS",
-    "ServerConfig",
-    "add_arguments",
-    "from_arguments",
-    "split_config",
-    "to_argv",
-]
-
 
 @dataclass(frozen=True)
 class ServerConfig:

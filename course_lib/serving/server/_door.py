@@ -48,8 +48,6 @@ from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._protocols import CONNECTION_EXTENSION
 from course_lib.serving.server._request import _CURRENT, DoorCounters, Refusal, _Exchange
 
-__all__ = ["DEADLINE_HEADER", "PROBE_PATHS", "Door"]
-
 #: The request header carrying the client's timeout in ms (the idea of Envoy's expected-timeout header).
 DEADLINE_HEADER = b"x-request-timeout-ms"
 #: GET/HEAD paths never refused by admission and not counted (health, readiness, counters, metrics).

@@ -42,8 +42,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 
-__all__ = ["CONNECTION_EXTENSION", "MAX_HEADER_BYTES", "PIPELINE_BUFFER_BYTES", "guarded_protocol"]
-
 #: Key of the connection handle in ``scope["extensions"]``.
 CONNECTION_EXTENSION = "course.connection"
 #: Unparsed bytes (pipelined requests) an h11 connection may hold before reading pauses.

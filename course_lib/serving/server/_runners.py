@@ -43,7 +43,6 @@ import uvicorn
 
 from course_lib.core._process import (
     LOOPBACK_HOST,
-    PARENT_PID_ENV,
     ChildProcess,
     free_port,
     reserve_port,
@@ -52,26 +51,12 @@ from course_lib.core._process import (
 )
 from course_lib.core.checks import integer, positive_number
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
-from course_lib.serving.server._protocols import guarded_protocol
 from course_lib.serving.server._serve import (
     READY_FD_ENV,
     REUSE_PORT_ENV,
     listening_socket,
-    serve_app,
     uvicorn_config,
 )
-
-__all__ = [
-    "LOOPBACK_HOST",
-    "PARENT_PID_ENV",
-    "READY_PATH",
-    "RunningServer",
-    "ServerURLs",
-    "guarded_protocol",
-    "run_processes",
-    "serve_app",
-    "serve_in_thread",
-]
 
 #: Readiness path every course server answers with 200 once it can serve.
 READY_PATH = "/healthz"
@@ -299,7 +284,8 @@ def _wait_ready(
 ) -> None:
     """Wait until every process wrote its readiness line (or, one worker per port, answers
     ``ready_path``) and every port answers ``ready_path`` with 200."""
-    import httpx  # heavy, and only the parent side needs it (a server process never does)
+    # httpx is the parent side's (about 30 ms of start-up a server process never pays)
+    import httpx  # noqa: PLC0415 (heavy optional dependency)
 
     deadline = time.monotonic() + timeout_s
     waiting_fds = dict(pending)

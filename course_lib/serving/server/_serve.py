@@ -37,20 +37,10 @@ from typing import Any, Literal
 
 import uvicorn
 
-from course_lib.core._process import LOOPBACK_HOST, PARENT_PID_ENV, exit_with_parent
+from course_lib.core._process import LOOPBACK_HOST, exit_with_parent
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._door import Door
 from course_lib.serving.server._protocols import MAX_HEADER_BYTES, guarded_protocol
-
-__all__ = [
-    "LOOPBACK_HOST",
-    "PARENT_PID_ENV",
-    "READY_FD_ENV",
-    "REUSE_PORT_ENV",
-    "listening_socket",
-    "serve_app",
-    "uvicorn_config",
-]
 
 #: File descriptor a server writes "<pid>\n" to once it accepts connections (set by ``run_processes``).
 READY_FD_ENV = "COURSE_SERVER_READY_FD"

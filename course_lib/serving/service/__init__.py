@@ -3,7 +3,9 @@
 Its private modules; this package re-exports their public names:
 
 * ``course_lib.serving.service._pipeline``: the request's stages (parse, lookup, forward, format), run
-  in-process by ``ChurnService``; the model-forward adapters ``native_forward`` / ``onnx_forward``.
+  in-process by ``ChurnService``.
+* ``course_lib.serving.service._forward``: the model-forward adapters ``native_forward`` /
+  ``onnx_forward`` and the stage types (``Forward``, ``AsyncForward``, ``Lookup``, ``Record``).
 * ``course_lib.serving.service._app``: the FastAPI app factory ``create_app`` (``POST /score``,
   ``GET /healthz``, ``GET /stats``) and the body reader ``read_json_body``.
 * ``course_lib.serving.service._client``: ``ChurnClient``, which adds the transport stage on the client side,
@@ -28,6 +30,16 @@ from course_lib.serving.service._app import (
     refuse,
 )
 from course_lib.serving.service._client import SHED_STATUSES, ChurnClient, HttpStatusError, raise_for_status
+from course_lib.serving.service._forward import (
+    AsyncForward,
+    Forward,
+    Lookup,
+    ProbabilityModel,
+    Record,
+    RecordScorer,
+    native_forward,
+    onnx_forward,
+)
 from course_lib.serving.service._pipeline import (
     MAX_BODY_BYTES,
     MAX_DRAIN_BYTES,
@@ -39,8 +51,6 @@ from course_lib.serving.service._pipeline import (
     RequestError,
     ScoreRequest,
     ServiceResponse,
-    native_forward,
-    onnx_forward,
     run_without_event_loop,
 )
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
@@ -54,12 +64,18 @@ __all__ = [
     "SHED_STATUSES",
     "STAGES",
     "AppCounters",
+    "AsyncForward",
     "ChurnClient",
     "ChurnService",
     "ClientGoneError",
     "DeadlineExceededError",
+    "Forward",
     "HttpStatusError",
     "JSONRefusedError",
+    "Lookup",
+    "ProbabilityModel",
+    "Record",
+    "RecordScorer",
     "RequestError",
     "ScoreRequest",
     "ServiceResponse",

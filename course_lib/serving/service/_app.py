@@ -53,18 +53,6 @@ from course_lib.serving.service._pipeline import (
     RequestError,
 )
 
-__all__ = [
-    "AppCounters",
-    "ClientGoneError",
-    "DeadlineExceededError",
-    "cancel_on_disconnect",
-    "check_still_wanted",
-    "create_app",
-    "is_json_content_type",
-    "read_json_body",
-    "refuse",
-]
-
 T = TypeVar("T")
 _log = logging.getLogger("course_lib.serving.service")
 

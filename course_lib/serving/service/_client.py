@@ -22,8 +22,6 @@ from typing import Any
 
 from course_lib.serving.profiling import RequestProfile, parse_server_timing
 
-__all__ = ["SHED_STATUSES", "ChurnClient", "HttpStatusError", "raise_for_status"]
-
 #: Statuses that say the server shed the request under load: 429 Too Many Requests, 503 Service
 #: Unavailable (RFC 6585 section 4, RFC 9110 section 15.6.4). The request was fine; ask again later.
 SHED_STATUSES: frozenset[int] = frozenset({429, 503})
@@ -101,7 +99,8 @@ class ChurnClient:
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0):
-        import httpx
+        # httpx is the client's: a server importing course_lib.serving.service never loads it
+        import httpx  # noqa: PLC0415 (heavy optional dependency)
 
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s)
 

@@ -12,8 +12,9 @@ the source lesson's latency budget, each one real and each one timed:
 
 ``ChurnService.handle`` runs stages 2-5 in-process (no network); ``course_lib.serving.service._app.create_app``
 serves the same stages over HTTP and reports them in a ``Server-Timing`` header;
-``course_lib.serving.service._client.ChurnClient`` adds the transport stage on the client side
-(``course_lib.serving.service`` re-exports all three). Bad requests are answered with a 4xx whose JSON body
+``course_lib.serving.service._client.ChurnClient`` adds the transport stage on the client side; the
+model-forward adapters are ``course_lib.serving.service._forward``'s (``course_lib.serving.service``
+re-exports them all). Bad requests are answered with a 4xx whose JSON body
 says why (400 bad JSON or a duplicate key, 404 unknown customer, 413 body too large, 415 not JSON,
 422 wrong or missing fields, or customer features outside ``course_lib.churn.schema``).
 
@@ -32,35 +33,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
-import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
-from course_lib.churn.data import FEATURE_COLUMNS
 from course_lib.churn.schema import check_records
-from course_lib.core.checks import InvalidArgumentError, callable_
+from course_lib.core.checks import callable_
 from course_lib.serving.profiling import RequestProfile
+from course_lib.serving.service._forward import AsyncForward, Forward, Lookup
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
-
-__all__ = [
-    "MAX_BODY_BYTES",
-    "MAX_DRAIN_BYTES",
-    "MAX_JSON_DEPTH",
-    "MAX_NUMBER_DIGITS",
-    "SERVER_STAGES",
-    "STAGES",
-    "ChurnService",
-    "RequestError",
-    "ScoreRequest",
-    "ServiceResponse",
-    "native_forward",
-    "onnx_forward",
-    "run_without_event_loop",
-]
 
 #: The five stages, in request order.
 STAGES: tuple[str, ...] = ("transport", "parse", "lookup", "forward", "format")
@@ -75,9 +58,6 @@ MAX_JSON_DEPTH = 32
 #: Longest JSON number accepted, in characters (Python refuses integers over 4,300 digits).
 MAX_NUMBER_DIGITS = 64
 
-Lookup = Callable[[str], "dict[str, object] | None"]
-Forward = Callable[[list[dict[str, object]]], np.ndarray]
-AsyncForward = Callable[[list[dict[str, object]]], Awaitable[np.ndarray]]
 T = TypeVar("T")
 
 
@@ -133,66 +113,6 @@ def _validation_details(exc: ValidationError) -> list[dict[str, object]]:
         {"loc": _shorten(".".join(map(str, e["loc"])) or "body"), "msg": e["msg"], "type": e["type"]}
         for e in exc.errors(include_url=False, include_input=False)[:MAX_ERROR_DETAILS]
     ]
-
-
-def native_forward(pipeline: object) -> Forward:
-    """Model-forward stage with the native scikit-learn + XGBoost pipeline.
-
-    Parameters
-    ----------
-    pipeline : fitted sklearn Pipeline (``ChurnModel.pipeline``).
-
-    Returns
-    -------
-    callable
-        records (list of n feature dicts) -> churn probabilities, float array of shape (n,). Each
-        call checks the records against ``course_lib.churn.schema`` (``FeatureError`` otherwise)
-        and builds a DataFrame of them: that and the pipeline's per-call overhead is what a
-        Python-native model costs per request.
-
-    Raises
-    ------
-    TypeError
-        If ``pipeline`` has no ``predict_proba``.
-    """
-    if not hasattr(pipeline, "predict_proba"):
-        raise InvalidArgumentError(f"pipeline must have predict_proba, got {type(pipeline).__name__}")
-    columns = list(FEATURE_COLUMNS)
-
-    def forward(records: list[dict[str, object]]) -> np.ndarray:
-        check_records(records)
-        frame = pd.DataFrame.from_records(records, columns=columns)
-        return pipeline.predict_proba(frame)[:, 1]
-
-    return forward
-
-
-def onnx_forward(scorer: object) -> Forward:
-    """Model-forward stage with ONNX Runtime: ``scorer.run(scorer.feeds_from_records(records))``.
-
-    Parameters
-    ----------
-    scorer : course_lib.churn.export._onnx.OnnxChurnScorer
-
-    Returns
-    -------
-    callable
-        records (list of n feature dicts) -> churn probabilities, float32 array of shape (n,).
-        A malformed record raises ``ValueError`` (``FeatureError`` for a value outside the schema)
-        from ``feeds_from_records``.
-
-    Raises
-    ------
-    TypeError
-        If ``scorer`` has no ``feeds_from_records``.
-    """
-    if not hasattr(scorer, "feeds_from_records"):
-        raise InvalidArgumentError(f"scorer must be an OnnxChurnScorer, got {type(scorer).__name__}")
-
-    def forward(records: list[dict[str, object]]) -> np.ndarray:
-        return scorer.run(scorer.feeds_from_records(records))
-
-    return forward
 
 
 @dataclass

@@ -18,8 +18,6 @@ import codecs
 import json
 from collections.abc import Callable
 
-__all__ = ["JSONRefusedError", "decode_json"]
-
 
 class JSONRefusedError(ValueError):
     """A body that is not acceptable JSON; the message is a short reason for the client."""
