@@ -3,7 +3,8 @@
 They sit here, above :mod:`course_lib.serving`, because they use the load generator
 (:mod:`course_lib.measure.loadgen`); the components they drive do not know about load testing.
 
-* ``run_hedged_load``: Lesson 7, hedged requests between two replicas;
+* ``run_hedged_load``: Lesson 7, hedged requests between two replicas, one run (repeated in rounds
+  by :mod:`course_lib.measure.hedging_rounds`);
 * ``run_fallback_load``: Lesson 7, per-call timeouts with a flagged fallback;
 * ``measure_dedup``: Lesson 8, request de-duplication in the batcher next to a cache.
 """
@@ -50,14 +51,20 @@ async def run_hedged_load(
         ``requests``: one row per request, in request order, with loadgen's columns (``latency_ms``
         from the scheduled send time, ``ok``, ``outcome``, ``error``; a request whose copies were all
         answered 429/503 is ``"shed"``, not ``"error"``) plus ``hedged``, ``winner`` and ``primary``
-        (replica indexes); ``stats``: the client's ``HedgeStats``.
+        (replica indexes) and ``x_request_id`` (the id sent); ``stats``: the client's ``HedgeStats``.
     """
     non_empty("customer_ids", customer_ids)
     async with HedgingClient(replica_urls, hedge_after_ms=hedge_after_ms) as client:
 
         async def send(i: int) -> dict[str, Any]:
-            res = await client.score(customer_ids[i % len(customer_ids)], request_id=f"{id_prefix}{i}")
-            return {"hedged": res.hedged, "winner": res.replica, "primary": res.primary}
+            sent_id = f"{id_prefix}{i}"
+            res = await client.score(customer_ids[i % len(customer_ids)], request_id=sent_id)
+            return {
+                "hedged": res.hedged,
+                "winner": res.replica,
+                "primary": res.primary,
+                "x_request_id": sent_id,
+            }
 
         result = await run_open_loop(
             send, rate_rps=rate_rps, n_requests=n_requests, max_duration_s=max_duration_s, seed=seed

@@ -40,6 +40,7 @@ from course_lib.core.percentiles import percentiles
 from course_lib.serving.service import HttpStatusError
 
 __all__ = [
+    "FanoutRun",
     "HedgeStats",
     "HedgedResult",
     "HedgingClient",
@@ -306,9 +307,36 @@ class HedgingClient:
         await self.aclose()
 
 
+@dataclass(frozen=True)
+class FanoutRun:
+    """Pages of ``k`` parallel calls (:func:`fanout_pages`).
+
+    Attributes
+    ----------
+    page_ms : ndarray, shape (n_pages,)
+        Each page's latency: from its first send to its slowest answer, ms.
+    call_ms : ndarray, shape (n_pages, k)
+        Each call's latency (``HedgedResult.latency_ms``), ms.
+    primary : ndarray of int, shape (n_pages, k)
+        The replica each call went to first.
+    request_ids : ndarray of str, shape (n_pages, k)
+        Each call's ``x-request-id``.
+    """
+
+    page_ms: np.ndarray
+    call_ms: np.ndarray
+    primary: np.ndarray
+    request_ids: np.ndarray
+
+    @property
+    def k(self) -> int:
+        """Calls per page."""
+        return int(self.call_ms.shape[1])
+
+
 async def fanout_pages(
     client: HedgingClient, customer_ids: Sequence[str], *, k: int, n_pages: int, id_prefix: str
-) -> tuple[np.ndarray, np.ndarray]:
+) -> FanoutRun:
     """Load ``n_pages`` pages one after another, each made of ``k`` parallel ``score`` calls.
 
     A page is ready when its slowest call answered. Call ``j`` of page ``p`` scores
@@ -317,7 +345,7 @@ async def fanout_pages(
 
     Returns
     -------
-    (page_ms, call_ms) : ndarrays of shape (n_pages,) and (n_pages, k), in ms.
+    FanoutRun
 
     Raises
     ------
@@ -329,17 +357,20 @@ async def fanout_pages(
     non_empty("customer_ids", customer_ids)
     page_ms = np.empty(n_pages)
     call_ms = np.empty((n_pages, k))
+    primary = np.empty((n_pages, k), dtype=int)
+    request_ids = np.array([[f"{id_prefix}-{p}-{j}" for j in range(k)] for p in range(n_pages)])
     for p in range(n_pages):
         start = time.perf_counter()
         results = await asyncio.gather(
             *(
-                client.score(customer_ids[(p * k + j) % len(customer_ids)], request_id=f"{id_prefix}-{p}-{j}")
+                client.score(customer_ids[(p * k + j) % len(customer_ids)], request_id=request_ids[p, j])
                 for j in range(k)
             )
         )
         page_ms[p] = 1000 * (time.perf_counter() - start)
         call_ms[p] = [r.latency_ms for r in results]
-    return page_ms, call_ms
+        primary[p] = [r.primary for r in results]
+    return FanoutRun(page_ms, call_ms, primary, request_ids)
 
 
 def hedging_summary(requests: pd.DataFrame, stats: HedgeStats) -> dict[str, float]:
