@@ -11,6 +11,7 @@ They sit here, above :mod:`course_lib.serving`, because they use the load genera
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import pandas as pd
 
 from course_lib.core.checks import non_empty
 from course_lib.core.percentiles import percentiles
+from course_lib.measure.gc_pauses import gc_paused
 from course_lib.measure.loadgen import run_open_loop
 from course_lib.measure.targets import coroutine_target
 from course_lib.serving.batching.batcher import DynamicBatcher
@@ -39,11 +41,16 @@ async def run_hedged_load(
     seed: int,
     id_prefix: str = "h",
     max_duration_s: float = 60.0,
+    pause_gc: bool = True,
 ) -> tuple[pd.DataFrame, HedgeStats]:
     """Open-loop Poisson load (``course_lib.measure.loadgen.run_open_loop``) through a fresh ``HedgingClient``.
 
     Request ``i`` scores ``customer_ids[i % len]`` with request id ``f"{id_prefix}{i}"``, so two runs
     with the same prefix send the same requests (and a replica stalling by id stalls the same ones).
+    With ``pause_gc`` (the default) this process's cyclic garbage collector is off during the run
+    (``course_lib.measure.gc_pauses.gc_paused``): a full collection of a notebook kernel's heap would
+    stop the client's event loop with every request in flight, and the hedges it then sends at once
+    would measure the client, not the replicas.
 
     Returns
     -------
@@ -66,9 +73,10 @@ async def run_hedged_load(
                 "x_request_id": sent_id,
             }
 
-        result = await run_open_loop(
-            send, rate_rps=rate_rps, n_requests=n_requests, max_duration_s=max_duration_s, seed=seed
-        )
+        with gc_paused() if pause_gc else contextlib.nullcontext():
+            result = await run_open_loop(
+                send, rate_rps=rate_rps, n_requests=n_requests, max_duration_s=max_duration_s, seed=seed
+            )
     return result.requests.sort_values("request_id").reset_index(drop=True), client.stats
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "GcEvent",
     "GcRecorder",
     "GcRounds",
+    "gc_paused",
     "gc_rounds",
     "gc_settings",
     "measure_gc_tail",
@@ -140,6 +141,33 @@ def gc_settings(setting: str) -> Iterator[None]:
         gc.set_threshold(*old)
         if setting == "freeze":
             gc.unfreeze()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Switch the cyclic collector off for the ``with`` block and back on after it (if it was on).
+
+    For a load generator or client in a process with a large heap (a notebook kernel holds hundreds of
+    thousands of objects): one full collection there stops its event loop for as long as the walk takes,
+    every request in flight waits, and a hedging client then sends copies for all of them at once. The
+    replicas' latency is what the experiment measures, not the client's collector, so the client pauses
+    it, as ``timeit`` does while it times (reference counting still frees everything without a cycle).
+
+    Examples
+    --------
+    >>> with gc_paused():
+    ...     gc.isenabled()
+    False
+    >>> gc.isenabled()
+    True
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _overlaps(starts: np.ndarray, ends: np.ndarray, events: Sequence[GcEvent]) -> np.ndarray:
