@@ -64,3 +64,29 @@ def test_traced_path_keeps_a_bounded_trace_buffer():
     assert len(handle.traces) == 5 and handle.traces[-1][0]["request"] == 11
     with pytest.raises(ValueError, match="customer_ids"):
         traced_request_path(lambda body: body, [])
+
+
+def test_gc_rounds_rotate_the_settings_and_compare_each_round_with_the_defaults():
+    from course_lib.measure.gc_pauses import gc_rounds
+
+    def make_handle():
+        return traced_request_path(lambda body: len(body), ["SC-0000001"], spans_per_request=20)
+
+    rounds = gc_rounds(make_handle, 200, rounds=6, warmup_requests=5)
+    table = rounds.table
+    assert len(table) == 18 and rounds.settings == list(GC_SETTINGS) and rounds.baseline == "default"
+    first = table[table["position"] == 0].sort_values("round")["setting"].tolist()
+    assert first == [*GC_SETTINGS, *GC_SETTINGS]  # each setting runs first in two of the six rounds
+    assert rounds.per_round("p99_ms").shape == (6, 3)
+    interval = rounds.ratio("raised thresholds", "max_ms")
+    per_round = rounds.per_round("max_ms")
+    assert interval.rounds == 6
+    assert interval.ratio == pytest.approx(
+        float((per_round["raised thresholds"] / per_round["default"]).median())
+    )
+    # the gen0 count is set by allocations, not by time: the same in every round of a setting
+    assert rounds.per_round("gen0_collections").nunique().tolist() == [1, 1, 1]
+    summary = rounds.summary()
+    assert list(summary.index) == list(GC_SETTINGS) and summary.loc["freeze", "tracked_objects"] == 0
+    with pytest.raises(ValueError, match="setting must be one of"):
+        rounds.ratio("off")

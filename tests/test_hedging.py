@@ -185,9 +185,13 @@ def test_fanout_pages_wait_for_the_slowest_call(slow_and_fast_replicas, ids):
         async with HedgingClient([slow.url, fast.url], hedge_after_ms=20.0) as client:
             return await fanout_pages(client, ids, k=4, n_pages=2, id_prefix="fan"), client.stats
 
-    (page_ms, call_ms), stats = run(main())
-    assert page_ms.shape == (2,) and call_ms.shape == (2, 4)
+    pages, stats = run(main())
+    page_ms, call_ms = pages.page_ms, pages.call_ms
+    assert page_ms.shape == (2,) and call_ms.shape == (2, 4) and pages.k == 4
     assert (page_ms >= call_ms.max(axis=1)).all()
+    # round-robin primaries over the 8 calls in order, and the seeded ids the stall choice reads
+    assert pages.primary.tolist() == [[0, 1, 0, 1], [0, 1, 0, 1]]
+    assert pages.request_ids[1, 2] == "fan-1-2"
     # the 4 calls whose primary is the stalled replica are hedged; the others only if slow here
     assert stats.requests == 8 and 4 <= stats.hedges <= 8 and stats.hedge_wins >= 4
 

@@ -116,3 +116,55 @@ def test_replica_exits_when_its_parent_dies(replica_files, tmp_path):
 def test_start_replica_refuses_missing_files(tmp_path, replica_files):
     with pytest.raises(FileNotFoundError, match="onnx_path"):
         start_replica(tmp_path / "nope.onnx", replica_files.store_path, "v")
+
+
+def test_replica_serves_the_production_app_and_its_stalls_change_at_run_time(replica_files, ids):
+    replica = start_replica(
+        replica_files.onnx_path, replica_files.store_path, replica_files.model_version, max_lifetime_s=120
+    )
+    try:
+        wait_until(replica.is_ready, timeout_s=60, what="the replica to be ready")
+        stats = replica.stats()
+        # the production levers with one worker, and the replica's own counters beside them
+        assert stats["workers"] == 1 and stats["config"].startswith("onnxruntime, forward auto, orjson")
+        assert "httptools + uvloop" in stats["config"] and stats["forward"] in ("loop", "thread")
+        assert stats["faults"] == {"slow_fraction": 0.0, "slow_ms": 50.0, "seed": 0}
+        assert replica.set_faults(slow_fraction=1.0, slow_ms=0.0, seed=5) == {
+            "slow_fraction": 1.0,
+            "slow_ms": 0.0,
+            "seed": 5,
+        }
+        answer = httpx.post(
+            replica.url + "/score", json={"customer_id": ids[0]}, headers={"x-request-id": "a"}
+        )
+        assert answer.status_code == 200 and answer.json()["customer_id"] == ids[0]
+        assert replica.stats()["slow_injected"] == stats["slow_injected"] + 1  # every request stalls now
+        with pytest.raises(ValueError, match="slow_fraction must be a finite number >= 0 and <= 1, got 2"):
+            replica.set_faults(slow_fraction=2)
+        with pytest.raises(ValueError, match=r"faults must be among .* got \['warmup_requests'\]"):
+            replica.set_faults(warmup_requests=3)
+        refused = httpx.put(replica.url + "/faults", content=b"[1, 2]")
+        assert refused.status_code == 422 and "JSON object" in refused.json()["error"]
+        assert replica.stats()["faults"]["slow_fraction"] == 1.0  # a refused change changes nothing
+    finally:
+        replica.stop()
+
+
+def test_a_lazy_replica_builds_its_app_on_the_first_request(replica_files, ids):
+    replica = start_replica(
+        replica_files.onnx_path,
+        replica_files.store_path,
+        replica_files.model_version,
+        lazy_load=True,
+        max_lifetime_s=120,
+    )
+    try:
+        wait_until(replica.is_ready, timeout_s=60, what="the replica to be ready")
+        assert httpx.get(replica.url + "/healthz").json() == {"status": "ok", "loaded": False}
+        assert "forward" not in replica.stats()  # the app's own /stats is not there before it is built
+        answer = httpx.post(replica.url + "/score", json={"customer_id": ids[1]})
+        assert answer.status_code == 200
+        assert replica.stats()["forward"] in ("loop", "thread")
+        assert httpx.get(replica.url + "/healthz").json()["status"] == "ok"
+    finally:
+        replica.stop()

@@ -88,3 +88,15 @@ def test_seventeen_a_minute_at_one_in_a_thousand_means_about_283_requests_a_seco
 def test_bad_simulation_parameters_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         service_times_ms(10, seed=0, **kwargs)
+
+
+def test_lognormal_fitted_to_a_p50_and_a_p99_has_them():
+    from course_lib.core.percentiles import percentile
+    from course_lib.simulate.tail import lognormal_from_percentiles, service_times_ms
+
+    median, sigma = lognormal_from_percentiles(2.5, 9.0)
+    body = service_times_ms(200_000, seed=3, median_ms=median, sigma=sigma, slow_fraction=0.0)
+    assert percentile(body, 50) == pytest.approx(2.5, rel=0.01)
+    assert percentile(body, 99) == pytest.approx(9.0, rel=0.02)
+    with pytest.raises(ValueError, match="p99_ms must be above p50_ms=3"):
+        lognormal_from_percentiles(3.0, 2.0)

@@ -3,13 +3,15 @@
 They sit here, above :mod:`course_lib.serving`, because they use the load generator
 (:mod:`course_lib.measure.loadgen`); the components they drive do not know about load testing.
 
-* ``run_hedged_load``: Lesson 7, hedged requests between two replicas;
+* ``run_hedged_load``: Lesson 7, hedged requests between two replicas, one run (repeated in rounds
+  by :mod:`course_lib.measure.hedging_rounds`);
 * ``run_fallback_load``: Lesson 7, per-call timeouts with a flagged fallback;
 * ``measure_dedup``: Lesson 8, request de-duplication in the batcher next to a cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +20,7 @@ import pandas as pd
 
 from course_lib.core.checks import non_empty
 from course_lib.core.percentiles import percentiles
+from course_lib.measure.gc_pauses import gc_paused
 from course_lib.measure.loadgen import run_open_loop
 from course_lib.measure.targets import coroutine_target
 from course_lib.serving.batching.batcher import DynamicBatcher
@@ -38,11 +41,16 @@ async def run_hedged_load(
     seed: int,
     id_prefix: str = "h",
     max_duration_s: float = 60.0,
+    pause_gc: bool = True,
 ) -> tuple[pd.DataFrame, HedgeStats]:
     """Open-loop Poisson load (``course_lib.measure.loadgen.run_open_loop``) through a fresh ``HedgingClient``.
 
     Request ``i`` scores ``customer_ids[i % len]`` with request id ``f"{id_prefix}{i}"``, so two runs
     with the same prefix send the same requests (and a replica stalling by id stalls the same ones).
+    With ``pause_gc`` (the default) this process's cyclic garbage collector is off during the run
+    (``course_lib.measure.gc_pauses.gc_paused``): a full collection of a notebook kernel's heap would
+    stop the client's event loop with every request in flight, and the hedges it then sends at once
+    would measure the client, not the replicas.
 
     Returns
     -------
@@ -50,18 +58,25 @@ async def run_hedged_load(
         ``requests``: one row per request, in request order, with loadgen's columns (``latency_ms``
         from the scheduled send time, ``ok``, ``outcome``, ``error``; a request whose copies were all
         answered 429/503 is ``"shed"``, not ``"error"``) plus ``hedged``, ``winner`` and ``primary``
-        (replica indexes); ``stats``: the client's ``HedgeStats``.
+        (replica indexes) and ``x_request_id`` (the id sent); ``stats``: the client's ``HedgeStats``.
     """
     non_empty("customer_ids", customer_ids)
     async with HedgingClient(replica_urls, hedge_after_ms=hedge_after_ms) as client:
 
         async def send(i: int) -> dict[str, Any]:
-            res = await client.score(customer_ids[i % len(customer_ids)], request_id=f"{id_prefix}{i}")
-            return {"hedged": res.hedged, "winner": res.replica, "primary": res.primary}
+            sent_id = f"{id_prefix}{i}"
+            res = await client.score(customer_ids[i % len(customer_ids)], request_id=sent_id)
+            return {
+                "hedged": res.hedged,
+                "winner": res.replica,
+                "primary": res.primary,
+                "x_request_id": sent_id,
+            }
 
-        result = await run_open_loop(
-            send, rate_rps=rate_rps, n_requests=n_requests, max_duration_s=max_duration_s, seed=seed
-        )
+        with gc_paused() if pause_gc else contextlib.nullcontext():
+            result = await run_open_loop(
+                send, rate_rps=rate_rps, n_requests=n_requests, max_duration_s=max_duration_s, seed=seed
+            )
     return result.requests.sort_values("request_id").reset_index(drop=True), client.stats
 
 

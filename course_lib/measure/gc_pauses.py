@@ -10,7 +10,15 @@ generation 2 since the last one exceed 25 % of those that were there, so they ar
 
 ``GcRecorder`` times every collection through ``gc.callbacks``; ``gc_settings`` applies one of the
 settings compared in the lesson; ``measure_gc_tail`` runs the same requests under each setting and
-reports latency percentiles next to the number and length of collections.
+reports latency percentiles next to the number and length of collections; ``gc_rounds`` repeats that
+in interleaved rounds (the settings taking turns, the order rotated) so that every comparison with
+the defaults has an interval.
+
+``gc.freeze()`` has a consequence the 25 % rule explains: frozen objects leave the count the rule
+compares with, so right after a freeze the old generation looks empty and the next full collection
+comes as soon as the young generations allow it (each walks only what was allocated since the
+freeze). Freezing trades rare full collections over the whole heap for more frequent ones over the
+new objects.
 
 References
 ----------
@@ -30,7 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from course_lib.core.bench import round_order
 from course_lib.core.checks import integer, non_empty, one_of
+from course_lib.core.intervals import RatioInterval, ratio_interval_from_values
 from course_lib.core.percentiles import percentiles
 
 __all__ = [
@@ -38,6 +48,9 @@ __all__ = [
     "RAISED_THRESHOLDS",
     "GcEvent",
     "GcRecorder",
+    "GcRounds",
+    "gc_paused",
+    "gc_rounds",
     "gc_settings",
     "measure_gc_tail",
     "traced_request_path",
@@ -130,6 +143,33 @@ def gc_settings(setting: str) -> Iterator[None]:
             gc.unfreeze()
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Switch the cyclic collector off for the ``with`` block and back on after it (if it was on).
+
+    For a load generator or client in a process with a large heap (a notebook kernel holds hundreds of
+    thousands of objects): one full collection there stops its event loop for as long as the walk takes,
+    every request in flight waits, and a hedging client then sends copies for all of them at once. The
+    replicas' latency is what the experiment measures, not the client's collector, so the client pauses
+    it, as ``timeit`` does while it times (reference counting still frees everything without a cycle).
+
+    Examples
+    --------
+    >>> with gc_paused():
+    ...     gc.isenabled()
+    False
+    >>> gc.isenabled()
+    True
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _overlaps(starts: np.ndarray, ends: np.ndarray, events: Sequence[GcEvent]) -> np.ndarray:
     """Per request, whether a collection ran while it was in flight."""
     hit = np.zeros(len(starts), dtype=bool)
@@ -141,6 +181,34 @@ def _overlaps(starts: np.ndarray, ends: np.ndarray, events: Sequence[GcEvent]) -
     return hit
 
 
+def _run_setting(
+    make_handle: Callable[[], Callable[[int], object]], n_requests: int, setting: str, warmup_requests: int
+) -> dict[str, float]:
+    """One setting from a fresh request path: warm-up, the setting applied, the requests timed."""
+    clock = time.perf_counter_ns
+    handle = make_handle()
+    for i in range(warmup_requests):
+        handle(-1 - i)
+    with gc_settings(setting):
+        gc.collect()  # every setting starts with empty young generations (after a freeze: cheap)
+        tracked = len(gc.get_objects())
+        starts = np.empty(n_requests, dtype=np.int64)
+        ends = np.empty(n_requests, dtype=np.int64)
+        with GcRecorder() as rec:
+            for i in range(n_requests):
+                starts[i] = clock()
+                handle(i)
+                ends[i] = clock()
+    latency_ms = (ends - starts) / 1e6
+    del handle  # the next setting starts from the same state
+    row = {f"{k}_ms": v for k, v in percentiles(latency_ms, (50, 99, 99.9)).items()}
+    row["max_ms"] = float(latency_ms.max())
+    row.update(rec.summary())
+    row["requests_hit"] = int(_overlaps(starts, ends, rec.events).sum())
+    row["tracked_objects"] = tracked
+    return row
+
+
 def measure_gc_tail(
     make_handle: Callable[[], Callable[[int], object]],
     n_requests: int,
@@ -148,19 +216,21 @@ def measure_gc_tail(
     settings: Sequence[str] = GC_SETTINGS,
     warmup_requests: int = 200,
 ) -> pd.DataFrame:
-    """Run requests 0..n_requests-1 under each GC setting; latency and collections.
+    """Run requests 0..n_requests-1 under each GC setting once; latency and collections.
 
     For each setting, ``make_handle()`` builds a fresh request path ``handle(i)`` (same starting
     state every time), ``warmup_requests`` untimed calls warm it, the setting is applied (so
     ``gc.freeze()`` happens at the end of the warm-up, as a server would do it before reporting
     ready), and the same requests run in order, each timed with ``perf_counter_ns`` (closed loop:
-    no queueing, so a pause shows in the request that was running).
+    no queueing, so a pause shows in the request that was running). One run per setting, in the
+    order given: :func:`gc_rounds` repeats them in rotated order, for intervals.
 
     Returns
     -------
     DataFrame indexed by setting: ``p50_ms``, ``p99_ms``, ``p99.9_ms``, ``max_ms``, collections per
     generation, ``gc_total_ms``, ``longest_pause_ms``, ``longest_full_ms``, ``requests_hit``
-    (requests during which a collection ran) and ``tracked_objects`` (``len(gc.get_objects())``).
+    (requests during which a collection ran) and ``tracked_objects`` (``len(gc.get_objects())``
+    once the setting applied: 0 after ``gc.freeze()``, which hides the frozen objects).
 
     Raises
     ------
@@ -168,33 +238,112 @@ def measure_gc_tail(
         If ``n_requests`` < 1 or a setting is unknown.
     """
     n_requests = integer("n_requests", n_requests, min=1)
-    rows = {}
-    clock = time.perf_counter_ns
+    warmup_requests = integer("warmup_requests", warmup_requests, min=0)
     for setting in settings:
-        handle = make_handle()
-        for i in range(warmup_requests):
-            handle(-1 - i)
-        with gc_settings(setting):
-            gc.collect()
-            tracked = len(gc.get_objects())
-            starts = np.empty(n_requests, dtype=np.int64)
-            ends = np.empty(n_requests, dtype=np.int64)
-            with GcRecorder() as rec:
-                for i in range(n_requests):
-                    starts[i] = clock()
-                    handle(i)
-                    ends[i] = clock()
-        latency_ms = (ends - starts) / 1e6
-        del handle  # the next setting starts from the same state
-        row = {f"{k}_ms": v for k, v in percentiles(latency_ms, (50, 99, 99.9)).items()}
-        row["max_ms"] = float(latency_ms.max())
-        row.update(rec.summary())
-        row["requests_hit"] = int(_overlaps(starts, ends, rec.events).sum())
-        row["tracked_objects"] = tracked
-        rows[setting] = row
+        one_of("setting", setting, GC_SETTINGS)
+    rows = {setting: _run_setting(make_handle, n_requests, setting, warmup_requests) for setting in settings}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "gc setting"
     return table
+
+
+@dataclass(frozen=True)
+class GcRounds:
+    """GC settings measured in interleaved rounds (:func:`gc_rounds`).
+
+    Attributes
+    ----------
+    table : DataFrame
+        One row per (round, setting), in the order they ran: ``round``, ``setting``, ``position``
+        (0 = ran first in its round) and the columns of :func:`measure_gc_tail`.
+    baseline : str
+        The setting the others are compared with ("default").
+    """
+
+    table: pd.DataFrame
+    baseline: str
+
+    @property
+    def settings(self) -> list[str]:
+        """The settings, in the order given."""
+        return list(dict.fromkeys(self.table["setting"]))
+
+    def per_round(self, column: str) -> pd.DataFrame:
+        """``column`` as a (rounds x settings) table."""
+        return self.table.pivot(index="round", columns="setting", values=column)[self.settings]
+
+    def ratio(self, setting: str, column: str = "p99_ms", *, confidence: float = 0.95) -> RatioInterval:
+        """``setting``'s ``column`` over the baseline's, round by round, with the interval of the median.
+
+        Raises
+        ------
+        course_lib.core.checks.InvalidArgumentError
+            For an unknown setting, too few rounds for ``confidence``, or a value of 0 (e.g. a pause
+            column where a round had no collection).
+        """
+        one_of("setting", setting, self.settings)
+        values = self.per_round(column)
+        return ratio_interval_from_values(values[setting] / values[self.baseline], confidence)
+
+    def summary(self) -> pd.DataFrame:
+        """Per setting, the median over rounds of every column (counts and times alike)."""
+        numeric = self.table.drop(columns=["round", "position"]).groupby("setting", sort=False)
+        out = numeric.median()
+        out.index.name = "gc setting"
+        return out
+
+
+def gc_rounds(
+    make_handle: Callable[[], Callable[[int], object]],
+    n_requests: int,
+    *,
+    rounds: int = 6,
+    settings: Sequence[str] = GC_SETTINGS,
+    warmup_requests: int = 100,
+    order: str = "rotate",
+) -> GcRounds:
+    """:func:`measure_gc_tail`'s runs repeated in ``rounds`` rounds, the settings taking turns.
+
+    Round ``r`` runs every setting once, from a fresh request path, in the order
+    ``course_lib.core.bench.round_order(settings, r)`` gives (rotated: no setting always runs first,
+    right after the previous round's heap was freed). Each round yields one ratio per setting against
+    the first setting, so :meth:`GcRounds.ratio` has an interval (``course_lib.core.intervals``).
+
+    Parameters
+    ----------
+    make_handle : callable () -> handle(i)
+        Builds a fresh request path (e.g. ``lambda: traced_request_path(service.handle, ids)``).
+    n_requests : int >= 1
+        Timed requests per setting and round (1,000 for a p99: ``samples_needed(99)``).
+    rounds : int >= 1
+        Rounds (6 for a 95 % interval: ``course_lib.core.intervals.min_rounds``).
+    settings : sequence of ``GC_SETTINGS``
+        The first is the baseline.
+    warmup_requests : int >= 0
+        Untimed requests before each timed run.
+    order : {"rotate", "fixed"}
+
+    Returns
+    -------
+    GcRounds
+
+    Raises
+    ------
+    ValueError
+        For a count out of range, no settings, or an unknown setting.
+    """
+    n_requests = integer("n_requests", n_requests, min=1)
+    rounds = integer("rounds", rounds, min=1)
+    warmup_requests = integer("warmup_requests", warmup_requests, min=0)
+    non_empty("settings", settings)
+    for setting in settings:
+        one_of("setting", setting, GC_SETTINGS)
+    rows = []
+    for r in range(rounds):
+        for position, setting in enumerate(round_order(list(settings), r, order)):
+            row = _run_setting(make_handle, n_requests, setting, warmup_requests)
+            rows.append({"round": r, "setting": setting, "position": position, **row})
+    return GcRounds(pd.DataFrame(rows), baseline=settings[0])
 
 
 def traced_request_path(

@@ -1,13 +1,13 @@
 """Hedged requests: if the first replica has not answered in time, ask a second one; keep the first answer.
 
 ``hedged`` is the mechanism for any coroutine ``call(replica)``; ``HedgingClient`` applies it to the
-churn service's ``POST /score`` over HTTP with ``httpx``. Rules, after Dean and Barroso (2013):
+churn service's ``POST /score`` over HTTP with ``aiohttp``. Rules, after Dean and Barroso (2013):
 
 * the primary replica is chosen round-robin; a hedge goes to a *different* replica, never the same;
 * at most one hedge per request, sent only if the primary has not answered after ``hedge_after_s``
   (``None`` never hedges, 0 sends both at once);
 * the first *successful* answer wins; the other call is cancelled and awaited, so no request is
-  left running that nobody waits for (an httpx request cancelled mid-flight closes its connection,
+  left running that nobody waits for (an HTTP request cancelled mid-flight closes its connection,
   which the server sees as a disconnect);
 * if the caller itself is cancelled (e.g. by a timeout), both calls are cancelled too;
 * a copy that fails (an exception, or a non-2xx answer: ``HttpStatusError``) does not answer; if every
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,9 +37,10 @@ import pandas as pd
 
 from course_lib.core.checks import distinct, integer, non_empty, positive_number
 from course_lib.core.percentiles import percentiles
-from course_lib.serving.service import HttpStatusError, raise_for_status
+from course_lib.serving.service import HttpStatusError
 
 __all__ = [
+    "FanoutRun",
     "HedgeStats",
     "HedgedResult",
     "HedgingClient",
@@ -215,7 +217,10 @@ class HedgingClient:
     -----
     Each call sends the header ``x-request-id`` (the caller's id, the same for a request and its
     hedge), so a replica that injects stalls by request id stalls the same requests in every run.
-    Use as ``async with HedgingClient(...) as client``.
+    The HTTP client is aiohttp (its C parser costs a few times less CPU per request than httpx's
+    pure-Python one, so the client is not the bottleneck of a lesson's experiment); one
+    ``aiohttp.ClientSession`` per replica, opened on entry. A copy cancelled mid-flight closes its
+    connection, which the replica sees as a disconnect. Use as ``async with HedgingClient(...) as client``.
     """
 
     def __init__(
@@ -226,20 +231,42 @@ class HedgingClient:
         timeout_s: float = 10.0,
         max_connections: int = 64,
     ):
-        import httpx
-
         urls = non_empty("replica_urls", distinct("replica_urls", replica_urls), min_items=2)
         self.replica_urls = urls
         self.hedge_after_ms = hedge_after_ms
         self.stats = HedgeStats()
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._clients = [httpx.AsyncClient(base_url=u, timeout=timeout_s, limits=limits) for u in urls]
+        self._timeout_s = positive_number("timeout_s", timeout_s)
+        self._max_connections = integer("max_connections", max_connections, min=1)
+        self._sessions: list[Any] = []
         self._rotation = itertools.count()
+
+    def _open(self) -> list[Any]:
+        import aiohttp  # function-level: the HTTP client is needed only by a caller that sends
+
+        if not self._sessions:
+            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+            self._sessions = [
+                aiohttp.ClientSession(
+                    base_url=url,
+                    timeout=timeout,
+                    connector=aiohttp.TCPConnector(limit=self._max_connections),
+                )
+                for url in self.replica_urls
+            ]
+        return self._sessions
 
     async def _post(self, index: int, body: bytes, request_id: str) -> dict[str, Any]:
         headers = {"content-type": "application/json", "x-request-id": request_id}
-        response = await self._clients[index].post("/score", content=body, headers=headers)
-        return raise_for_status(response, where=f"replica {index}").json()
+        async with self._open()[index].post("/score", data=body, headers=headers) as response:
+            text = await response.text()
+            if not 200 <= response.status < 300:
+                raise HttpStatusError(
+                    response.status,
+                    text,
+                    retry_after=response.headers.get("Retry-After"),
+                    where=f"replica {index}",
+                )
+            return json.loads(text)
 
     async def score(self, customer_id: str, *, request_id: str) -> HedgedResult[dict[str, Any]]:
         """Score one customer: primary round-robin, a hedge to the other replica if it is late.
@@ -250,14 +277,12 @@ class HedgingClient:
             If every copy sent failed and the first failure was a non-2xx answer (``.shed`` for a
             429/503); another exception (a refused connection, a timeout) as it was raised.
         """
-        import json
-
         body = json.dumps({"customer_id": customer_id}).encode()
-        primary = next(self._rotation) % len(self._clients)
+        primary = next(self._rotation) % len(self.replica_urls)
         delay = None if self.hedge_after_ms is None else self.hedge_after_ms / 1000.0
         return await hedged(
             lambda index: self._post(index, body, request_id),
-            range(len(self._clients)),
+            range(len(self.replica_urls)),
             hedge_after_s=delay,
             primary=primary,
             stats=self.stats,
@@ -269,19 +294,49 @@ class HedgingClient:
         return old
 
     async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
+        """Close every replica's connections."""
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            await session.close()
 
     async def __aenter__(self) -> HedgingClient:
+        self._open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
 
+@dataclass(frozen=True)
+class FanoutRun:
+    """Pages of ``k`` parallel calls (:func:`fanout_pages`).
+
+    Attributes
+    ----------
+    page_ms : ndarray, shape (n_pages,)
+        Each page's latency: from its first send to its slowest answer, ms.
+    call_ms : ndarray, shape (n_pages, k)
+        Each call's latency (``HedgedResult.latency_ms``), ms.
+    primary : ndarray of int, shape (n_pages, k)
+        The replica each call went to first.
+    request_ids : ndarray of str, shape (n_pages, k)
+        Each call's ``x-request-id``.
+    """
+
+    page_ms: np.ndarray
+    call_ms: np.ndarray
+    primary: np.ndarray
+    request_ids: np.ndarray
+
+    @property
+    def k(self) -> int:
+        """Calls per page."""
+        return int(self.call_ms.shape[1])
+
+
 async def fanout_pages(
     client: HedgingClient, customer_ids: Sequence[str], *, k: int, n_pages: int, id_prefix: str
-) -> tuple[np.ndarray, np.ndarray]:
+) -> FanoutRun:
     """Load ``n_pages`` pages one after another, each made of ``k`` parallel ``score`` calls.
 
     A page is ready when its slowest call answered. Call ``j`` of page ``p`` scores
@@ -290,7 +345,7 @@ async def fanout_pages(
 
     Returns
     -------
-    (page_ms, call_ms) : ndarrays of shape (n_pages,) and (n_pages, k), in ms.
+    FanoutRun
 
     Raises
     ------
@@ -302,17 +357,20 @@ async def fanout_pages(
     non_empty("customer_ids", customer_ids)
     page_ms = np.empty(n_pages)
     call_ms = np.empty((n_pages, k))
+    primary = np.empty((n_pages, k), dtype=int)
+    request_ids = np.array([[f"{id_prefix}-{p}-{j}" for j in range(k)] for p in range(n_pages)])
     for p in range(n_pages):
         start = time.perf_counter()
         results = await asyncio.gather(
             *(
-                client.score(customer_ids[(p * k + j) % len(customer_ids)], request_id=f"{id_prefix}-{p}-{j}")
+                client.score(customer_ids[(p * k + j) % len(customer_ids)], request_id=request_ids[p, j])
                 for j in range(k)
             )
         )
         page_ms[p] = 1000 * (time.perf_counter() - start)
         call_ms[p] = [r.latency_ms for r in results]
-    return page_ms, call_ms
+        primary[p] = [r.primary for r in results]
+    return FanoutRun(page_ms, call_ms, primary, request_ids)
 
 
 def hedging_summary(requests: pd.DataFrame, stats: HedgeStats) -> dict[str, float]:

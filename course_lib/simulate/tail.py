@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
-from course_lib.core.checks import integer, number, positive_number
+from course_lib.core.checks import InvalidArgumentError, integer, number, positive_number
 from course_lib.core.percentiles import percentile
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "events_per_minute",
     "fanout_page_latency_ms",
     "implied_rate_rps",
+    "lognormal_from_percentiles",
     "service_times_ms",
     "simulate_hedging",
     "tail_survival",
@@ -77,6 +79,31 @@ def service_times_ms(
     rng = np.random.default_rng(seed)
     body = median_ms * np.exp(sigma * rng.standard_normal(int(n)))
     return body + slow_ms * (rng.random(int(n)) < slow_fraction)
+
+
+def lognormal_from_percentiles(p50_ms: float, p99_ms: float) -> tuple[float, float]:
+    """``(median_ms, sigma)`` of the lognormal whose median and 99th percentile are the given ones.
+
+    A lognormal's q-th percentile is ``median * exp(sigma * z_q)``, ``z_q`` the standard normal's
+    (2.326 for q = 99), so ``sigma = ln(p99 / p50) / z_0.99``: the body of ``service_times_ms`` fitted to a
+    replica's measured p50 and p99 (without stalls), for a simulation of the same service.
+
+    Raises
+    ------
+    course_lib.core.checks.InvalidArgumentError
+        Unless 0 < p50_ms < p99_ms.
+
+    Examples
+    --------
+    >>> median, sigma = lognormal_from_percentiles(2.0, 2.0 * math.exp(0.4 * 2.3263478740408408))
+    >>> round(median, 6), round(sigma, 6)
+    (2.0, 0.4)
+    """
+    p50_ms = positive_number("p50_ms", p50_ms)
+    p99_ms = positive_number("p99_ms", p99_ms)
+    if p99_ms <= p50_ms:
+        raise InvalidArgumentError(f"p99_ms must be above p50_ms={p50_ms:g}, got {p99_ms!r}")
+    return p50_ms, math.log(p99_ms / p50_ms) / NormalDist().inv_cdf(0.99)
 
 
 def tail_survival(

@@ -1,33 +1,67 @@
 """What a replica adds around the churn service app: a readiness probe, counters and seeded stalls.
 
 One concept: :class:`ReplicaMiddleware`, an ASGI middleware. ``GET /readyz`` answers 503 until the
-replica's warm-up is done, then 200; ``GET /stats`` returns its counters; on ``POST /score`` a
-``slow_fraction`` of requests, chosen by :func:`is_slow` from a hash of ``(seed, x-request-id)`` so the
-same requests stall in every run, wait ``slow_ms`` extra, and a stalled request whose client leaves is
-abandoned and counted. The replica process that serves it is :mod:`course_lib.serving.replica._replica`, which
-re-exports these names.
+replica's warm-up is done, then 200; ``GET /stats`` returns the app's own ``/stats`` with the replica's
+counters and its stall settings added; on ``POST /score`` a ``slow_fraction`` of requests, chosen by
+:func:`is_slow` from a hash of ``(seed, x-request-id)`` so the same requests stall in every run, wait
+``slow_ms`` extra, and a stalled request whose client leaves is abandoned and counted.
+``PUT /faults`` with a JSON body such as ``{"slow_fraction": 0.06, "slow_ms": 40}`` changes the stall
+settings of a running replica (a fault-injection endpoint, as fault-injection proxies such as
+Toxiproxy offer), so one experiment can measure a replica without stalls first and size the stall
+from that measurement; a bad value is answered 422 with the reason. The replica process that serves
+it is :mod:`course_lib.serving.replica._replica`, which re-exports these names.
+
+A stall is an ``asyncio.sleep`` on the replica's event loop: the replica keeps answering other
+requests while one is stalled (a slow disk or a remote call, not a busy CPU), so a stall delays only
+the request it hits.
 
 References
 ----------
 Kubernetes documentation, "Configure Liveness, Readiness and Startup Probes". ASGI specification,
 "HTTP & WebSocket" (``http.disconnect``). Dean, J. and Barroso, L. A. (2013), "The Tail at Scale",
-CACM 56(2): 74-80.
+CACM 56(2): 74-80. Shopify, Toxiproxy README (faults changed at run time through an HTTP API).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ReplicaConfig", "ReplicaMiddleware", "is_slow"]
+from course_lib.core.checks import InvalidArgumentError, integer, number
+
+__all__ = ["FAULT_FIELDS", "ReplicaConfig", "ReplicaMiddleware", "ReplicaState", "is_slow"]
+
+#: The ``ReplicaConfig`` fields ``PUT /faults`` may change.
+FAULT_FIELDS: tuple[str, ...] = ("slow_fraction", "slow_ms", "seed")
+_MAX_FAULTS_BODY_BYTES = 4096
 
 
 @dataclass(frozen=True)
 class ReplicaConfig:
-    """What a replica injects and how it warms up (see the module docstring)."""
+    """What a replica injects and how it warms up (see the module docstring).
+
+    Parameters
+    ----------
+    slow_fraction : float in [0, 1]
+        Share of ``POST /score`` requests that stall.
+    slow_ms : float >= 0
+        Extra wait of a stalled request, ms.
+    seed : int
+        Seed of the stall choice (:func:`is_slow`).
+    warmup_requests : int >= 0
+        Requests the replica sends to itself before ``/readyz`` says ready.
+    gc_freeze : bool
+        ``gc.freeze()`` after the warm-up.
+
+    Raises
+    ------
+    course_lib.core.checks.InvalidArgumentError
+        For a value outside its range.
+    """
 
     slow_fraction: float = 0.0
     slow_ms: float = 50.0
@@ -36,12 +70,10 @@ class ReplicaConfig:
     gc_freeze: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.slow_fraction <= 1.0:
-            raise ValueError(f"slow_fraction must be in [0, 1], got {self.slow_fraction!r}")
-        if not self.slow_ms >= 0:
-            raise ValueError(f"slow_ms must be >= 0 ms, got {self.slow_ms!r}")
-        if self.warmup_requests < 0:
-            raise ValueError(f"warmup_requests must be >= 0, got {self.warmup_requests!r}")
+        number("slow_fraction", self.slow_fraction, min=0, max=1)
+        number("slow_ms", self.slow_ms, min=0)
+        integer("seed", self.seed)
+        integer("warmup_requests", self.warmup_requests, min=0)
 
 
 def is_slow(request_id: str, *, seed: int, slow_fraction: float) -> bool:
@@ -51,22 +83,46 @@ def is_slow(request_id: str, *, seed: int, slow_fraction: float) -> bool:
 
 
 @dataclass
-class _State:
+class ReplicaState:
+    """What a replica's middleware shares with its process: the settings now, readiness, counters."""
+
+    config: ReplicaConfig = field(default_factory=ReplicaConfig)
     ready: bool = False
     warmup_done: int = 0
     counters: dict[str, int] = field(
         default_factory=lambda: {"requests": 0, "slow_injected": 0, "abandoned": 0, "warmup_requests": 0}
     )
 
+    def faults(self) -> dict[str, float]:
+        """The stall settings now (``FAULT_FIELDS``)."""
+        return {name: getattr(self.config, name) for name in FAULT_FIELDS}
+
 
 class ReplicaMiddleware:
-    """ASGI middleware around the service app: ``/readyz``, ``/stats`` and seeded stalls on ``/score``."""
+    """ASGI middleware around the service app: ``/readyz``, ``/stats``, ``/faults`` and seeded stalls.
 
-    def __init__(self, app: Any, config: ReplicaConfig):
+    Parameters
+    ----------
+    app : ASGI application
+    config : ReplicaConfig, optional
+        The settings at start (ignored when ``state`` is given).
+    state : ReplicaState, optional
+        Shared with the process that runs the warm-up (default: a new one, ready at once when
+        ``config.warmup_requests`` is 0).
+    """
+
+    def __init__(self, app: Any, config: ReplicaConfig | None = None, *, state: ReplicaState | None = None):
         self.app = app
-        self.config = config
-        self.state = _State(ready=config.warmup_requests == 0)
+        if state is None:
+            config = config if config is not None else ReplicaConfig()
+            state = ReplicaState(config=config, ready=config.warmup_requests == 0)
+        self.state = state
         self._unlabelled = 0
+
+    @property
+    def config(self) -> ReplicaConfig:
+        """The settings now (``PUT /faults`` replaces them)."""
+        return self.state.config
 
     async def _json(self, send: Any, status: int, payload: dict[str, Any]) -> None:
         body = json.dumps(payload).encode()
@@ -84,7 +140,11 @@ class ReplicaMiddleware:
                 send, status, {"ready": self.state.ready, "warmup_done": self.state.warmup_done}
             )
         if path == "/stats" and method == "GET":
-            return await self._json(send, 200, {**self.state.counters, "ready": self.state.ready})
+            inner = await self._inner_stats(scope, receive)
+            own = {**self.state.counters, "ready": self.state.ready, "faults": self.state.faults()}
+            return await self._json(send, 200, {**inner, **own})
+        if path == "/faults" and method == "PUT":
+            return await self._set_faults(receive, send)
         if path != "/score" or method != "POST":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", []))
@@ -96,16 +156,58 @@ class ReplicaMiddleware:
         if not request_id:
             self._unlabelled += 1
             request_id = f"unlabelled-{self._unlabelled}"
-        cfg = self.config
+        cfg = self.state.config
         if cfg.slow_fraction > 0 and is_slow(request_id, seed=cfg.seed, slow_fraction=cfg.slow_fraction):
             self.state.counters["slow_injected"] += 1
-            receive = await self._stall(receive)
+            receive = await self._stall(receive, cfg.slow_ms)
             if receive is None:
                 self.state.counters["abandoned"] += 1
                 return None
         return await self.app(scope, receive, send)
 
-    async def _stall(self, receive: Any) -> Any:
+    async def _inner_stats(self, scope: dict[str, Any], receive: Any) -> dict[str, Any]:
+        """The app's own ``GET /stats`` answer as a dict ({} if it has none, or is not loaded yet)."""
+        if not getattr(self.app, "loaded", True):
+            return {}
+        status, chunks = [0], []
+
+        async def capture(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.app(scope, receive, capture)
+        try:
+            answer = json.loads(b"".join(chunks)) if status[0] == 200 else {}
+        except ValueError:
+            return {}
+        return answer if isinstance(answer, dict) else {}
+
+    async def _set_faults(self, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            if len(body) > _MAX_FAULTS_BODY_BYTES:
+                return await self._json(send, 413, {"error": f"body over {_MAX_FAULTS_BODY_BYTES} bytes"})
+            if not message.get("more_body"):
+                break
+        try:
+            changes = json.loads(body)
+            if not isinstance(changes, dict):
+                raise InvalidArgumentError(f"the body must be a JSON object, got {changes!r}")
+            unknown = sorted(set(changes) - set(FAULT_FIELDS))
+            if unknown:
+                raise InvalidArgumentError(f"unknown fields {unknown}: allowed are {list(FAULT_FIELDS)}")
+            self.state.config = dataclasses.replace(self.state.config, **changes)
+        except (ValueError, TypeError) as exc:  # bad JSON, unknown fields, a value out of range
+            return await self._json(send, 422, {"error": str(exc)})
+        return await self._json(send, 200, self.state.faults())
+
+    async def _stall(self, receive: Any, slow_ms: float) -> Any:
         """Read the body, wait ``slow_ms`` unless the client leaves; a replaying ``receive`` or None."""
         messages = []
         while True:
@@ -115,7 +217,7 @@ class ReplicaMiddleware:
             messages.append(message)
             if not message.get("more_body"):
                 break
-        sleeper = asyncio.ensure_future(asyncio.sleep(self.config.slow_ms / 1000.0))
+        sleeper = asyncio.ensure_future(asyncio.sleep(slow_ms / 1000.0))
         watcher = asyncio.ensure_future(receive())  # completes with http.disconnect if the client leaves
         try:
             done, _ = await asyncio.wait({sleeper, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,25 +1,32 @@
-"""A replica of the churn service in its own process: injected stalls, warm-up and a readiness probe.
+"""A replica of the production churn service in its own process: injected stalls, warm-up, a readiness probe.
 
 ``python -m course_lib.serving.replica --onnx M.onnx --store S.sqlite --model-version V [options]`` serves
-``course_lib.serving.service.create_app`` with uvicorn on 127.0.0.1 (a free port, printed on stdout as one JSON
-line ``{"port": N}``), wrapped in ``ReplicaMiddleware`` which adds:
+the production churn app (``course_lib.serving.production.create_production_app`` with
+``PRODUCTION``'s levers and one worker: the prepared ONNX Runtime session, the model call where
+``forward="auto"`` puts it, the cached lookup, one orjson encode, httptools + uvloop) over this
+replica's own model file and feature store, on 127.0.0.1 (a free port, printed on stdout as one
+JSON line ``{"port": N}``), wrapped in ``ReplicaMiddleware`` which adds:
 
 * ``GET /readyz``: 503 until the warm-up finished, then 200 (``/healthz`` from the service app is the
   liveness probe: it answers as soon as the process listens, warm or not);
-* ``GET /stats``: counters (requests, injected stalls, stalls abandoned because the client left);
+* ``GET /stats``: the app's ``/stats`` (where the forward runs, the levers) and the replica's counters
+  (requests, injected stalls, stalls abandoned because the client left) and stall settings;
 * seeded stalls on ``POST /score``: a ``--slow-fraction`` of requests wait ``--slow-ms`` extra. The
   choice is a hash of ``(seed, x-request-id)``, so the same requests stall in every run; a stalled
   request whose client disconnects (a hedging client cancelled it) is abandoned and counted;
+  ``PUT /faults`` changes the stall settings while the replica runs (``ReplicaProcess.set_faults``);
 * warm-up: ``--warmup-requests`` real requests to itself before ``/readyz`` says ready, then an
-  optional ``gc.freeze()``; ``--lazy-load`` creates the ONNX Runtime session on the first request.
+  optional ``gc.freeze()``; ``--lazy-load`` builds the app (model session, feature store, the
+  forward's cost probe) on the first request instead of before listening, a common pattern whose
+  price the first user pays (Lesson 7's cold start).
 
 It runs on the course's one server runtime (``course_lib.serving.server.serve_app``: the door, header and
-body timeouts, connection, in-flight and body-size limits; every ``ServerConfig`` flag is accepted),
-has a bounded lifetime (``--lifetime-s``) and exits within a fraction of a second of its parent's
-death. ``start_replica`` (parent side) starts one and returns a handle; its log is an anonymous file
-(``ReplicaProcess.log_tail``), so nothing is left on disk whatever happens to either process.
-The middleware (readiness, counters, seeded stalls) is :mod:`course_lib.serving.replica._middleware`; its
-names are re-exported here.
+body timeouts, connection, in-flight and body-size limits; every ``ServerConfig`` flag is accepted,
+with the production parser and loop as defaults), has a bounded lifetime (``--lifetime-s``) and exits
+within a fraction of a second of its parent's death. ``start_replica`` (parent side) starts one and
+returns a handle; its log is an anonymous file (``ReplicaProcess.log_tail``), so nothing is left on
+disk whatever happens to either process. The middleware (readiness, counters, seeded stalls) is
+:mod:`course_lib.serving.replica._middleware`; its names are re-exported here.
 
 References
 ----------
@@ -37,15 +44,22 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from course_lib.core._io import REPO_ROOT
 from course_lib.core._process import ChildProcess, start_child
-from course_lib.core.checks import positive_number
-from course_lib.serving.replica._middleware import ReplicaConfig, ReplicaMiddleware, is_slow
+from course_lib.core.checks import InvalidArgumentError, positive_number
+from course_lib.serving.production import PRODUCTION
+from course_lib.serving.replica._middleware import (
+    FAULT_FIELDS,
+    ReplicaConfig,
+    ReplicaMiddleware,
+    ReplicaState,
+    is_slow,
+)
 from course_lib.serving.server import (
     DEFAULTS,
     add_arguments,
@@ -56,10 +70,12 @@ from course_lib.serving.server import (
 )
 
 __all__ = [
+    "REPLICA_SERVER",
     "ReplicaConfig",
     "ReplicaFiles",
     "ReplicaMiddleware",
     "ReplicaProcess",
+    "ReplicaState",
     "is_slow",
     "main",
     "prepare_replica_files",
@@ -67,38 +83,49 @@ __all__ = [
 ]
 
 _NO_STALLS = ReplicaConfig()  # frozen: safe as a default argument
+#: The runtime's limits a replica runs with unless told otherwise: ``DEFAULTS`` with the production
+#: service's parser and loop (httptools + uvloop).
+REPLICA_SERVER = DEFAULTS.replace(http=PRODUCTION.http, loop=PRODUCTION.loop)
 
 
-def _warm_up(url: str, ids: list[str], middleware: ReplicaMiddleware) -> None:
+def _warm_up(url: str, ids: list[str], state: ReplicaState) -> None:
     import httpx
 
     with httpx.Client(base_url=url, timeout=30.0) as client:
         for customer in ids:
             client.post("/score", json={"customer_id": customer}, headers={"x-warmup": "1"})
-            middleware.state.warmup_done += 1
-    if middleware.config.gc_freeze:
+            state.warmup_done += 1
+    if state.config.gc_freeze:
         gc.collect()
         gc.freeze()
-    middleware.state.ready = True
+    state.ready = True
 
 
-class _OnnxForward:
-    """The model-forward stage; the ONNX Runtime session is created by ``load`` or by the first call."""
+class _LazyApp:
+    """An ASGI app built by its first HTTP request (``--lazy-load``); ``/healthz`` answers before that."""
 
-    def __init__(self, onnx_path: str):
-        self.onnx_path = onnx_path
-        self._forward: Any = None
+    def __init__(self, build: Callable[[], Any]):
+        self._build = build
+        self._app: Any = None
 
-    def load(self) -> None:
-        from course_lib.churn.export import OnnxChurnScorer, make_session
-        from course_lib.serving.service import onnx_forward
+    @property
+    def loaded(self) -> bool:
+        """Whether the first request has built the app."""
+        return self._app is not None
 
-        if self._forward is None:
-            self._forward = onnx_forward(OnnxChurnScorer(make_session(self.onnx_path)))
-
-    def __call__(self, records: list[dict[str, object]]) -> Any:
-        self.load()  # lazy: the first request pays for the session
-        return self._forward(records)
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":  # nothing to start before the app exists
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            return await send({"type": "lifespan.shutdown.complete"})
+        if self._app is None and scope["type"] == "http" and scope["path"] == "/healthz":
+            body = b'{"status":"ok","loaded":false}'
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            return await send({"type": "http.response.body", "body": body})
+        if self._app is None:
+            self._app = self._build()  # on the event loop, on purpose: the first request waits for it
+        return await self._app(scope, receive, send)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -115,32 +142,48 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the stall choice")
     parser.add_argument("--warmup-requests", type=int, default=0, help="requests to itself before ready")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
-    parser.add_argument("--lazy-load", action="store_true", help="create the ONNX session on first use")
+    parser.add_argument("--lazy-load", action="store_true", help="build the app on the first request")
     add_arguments(parser)  # the runtime's limits, --lifetime-s among them
+    parser.set_defaults(http=REPLICA_SERVER.http, loop=REPLICA_SERVER.loop)
     return parser.parse_args(argv)
+
+
+def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float) -> Any:
+    """The production churn app (one worker) over this replica's model file and feature store."""
+    # function-level imports: the model stack loads in the replica process only
+    from course_lib.churn.export import OnnxChurnScorer, make_session
+    from course_lib.serving.feature_store import make_lookup
+    from course_lib.serving.production import ProductionService, create_production_app
+    from course_lib.serving.service import onnx_forward
+
+    config = PRODUCTION.replace(workers=1)
+    scorer = OnnxChurnScorer(make_session(args.onnx))
+    scorer.check_model_version(args.model_version)
+    service = ProductionService(
+        make_lookup(store, "cached"),
+        onnx_forward(scorer),
+        model_version=args.model_version,
+        lookup_mode="cached",
+        runtime=config.runtime,
+        encoder=config.encoder,
+    )
+    return create_production_app(config, service=service, body_timeout_s=body_timeout_s)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of a replica process (see the module docstring for the options)."""
-    # function-level imports: the model stack loads in the replica process only
-    from course_lib.serving.feature_store import FeatureStore, make_lookup
-    from course_lib.serving.service import ChurnService, create_app
+    from course_lib.serving.feature_store import FeatureStore  # the model stack: replica process only
 
     args = _parse_args(argv)
     config = ReplicaConfig(args.slow_fraction, args.slow_ms, args.seed, args.warmup_requests, args.gc_freeze)
     server_config = from_arguments(args)
     store = FeatureStore(args.store)
-    forward = _OnnxForward(args.onnx)
-    if not args.lazy_load:
-        forward.load()  # the session now, before listening (no request run through it)
-    service = ChurnService(
-        make_lookup(store, "indexed"),
-        forward,
-        model_version=args.model_version,
-        lookup_mode="indexed",
-        runtime="onnx",
-    )
-    app = ReplicaMiddleware(create_app(service, body_timeout_s=server_config.body_timeout_s), config)
+    state = ReplicaState(config=config, ready=config.warmup_requests == 0)
+
+    def build() -> Any:
+        return _production_app(args, store, server_config.body_timeout_s)
+
+    app = ReplicaMiddleware(_LazyApp(build) if args.lazy_load else build(), state=state)
     sock = listening_socket(0)
     port = sock.getsockname()[1]
 
@@ -149,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.dup2(2, 1)  # from now on stdout goes to the log too: the parent stops reading its pipe
         if config.warmup_requests:
             ids = store.sample_ids(config.warmup_requests, seed=config.seed + 1)
-            _warm_up(f"http://127.0.0.1:{port}", ids, app)
+            _warm_up(f"http://127.0.0.1:{port}", ids, state)
 
     serve_app(app, port=port, config=server_config, sock=sock, on_started=started)
 
@@ -176,6 +219,29 @@ class ReplicaProcess:
         import httpx
 
         return httpx.get(f"{self.url}/stats", timeout=5.0).json()
+
+    def set_faults(self, **faults: float) -> dict[str, float]:
+        """Change the replica's stall settings now (``PUT /faults``); returns the settings in force.
+
+        Parameters
+        ----------
+        **faults
+            Any of ``FAULT_FIELDS``: ``slow_fraction`` (0 to 1), ``slow_ms`` (>= 0), ``seed``.
+
+        Raises
+        ------
+        course_lib.core.checks.InvalidArgumentError
+            For a name outside ``FAULT_FIELDS`` or a value the replica refused (its reason quoted).
+        """
+        import httpx
+
+        unknown = sorted(set(faults) - set(FAULT_FIELDS))
+        if unknown:
+            raise InvalidArgumentError(f"faults must be among {list(FAULT_FIELDS)}, got {unknown}")
+        response = httpx.put(f"{self.url}/faults", json=faults, timeout=5.0)
+        if response.status_code != 200:
+            raise InvalidArgumentError(f"the replica refused {faults}: {response.json().get('error')}")
+        return response.json()
 
     def is_ready(self) -> bool:
         """True once ``/readyz`` answers 200."""
@@ -206,7 +272,7 @@ def start_replica(
     lazy_load: bool = False,
     max_lifetime_s: float = 300.0,
     startup_timeout_s: float = 60.0,
-    server_config: Any = DEFAULTS,
+    server_config: Any = REPLICA_SERVER,
 ) -> ReplicaProcess:
     """Start a replica process and return once it listens (not necessarily ready: see ``is_ready``).
 
@@ -216,13 +282,13 @@ def start_replica(
     config : ReplicaConfig
         Injected stalls and warm-up.
     lazy_load : bool
-        Create the ONNX Runtime session on the first request.
+        Build the app (ONNX Runtime session, feature store, forward probe) on the first request.
     max_lifetime_s : float > 0
         The replica exits by itself after this long (``server_config.lifetime_s`` is replaced).
     startup_timeout_s : float > 0
         How long to wait for it to report its port.
     server_config : ServerConfig
-        The runtime's limits (default ``course_lib.serving.server.DEFAULTS``).
+        The runtime's limits (default ``REPLICA_SERVER``: ``DEFAULTS`` with httptools + uvloop).
 
     Raises
     ------
