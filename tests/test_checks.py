@@ -191,11 +191,7 @@ def test_a_long_value_is_cut():
 
 #: Files other helpers rewrite on their branches; they convert their checks to core.checks there, and
 #: the entry goes when their branch lands (the test below fails on an entry that no longer matches).
-ALLOWED: dict[str, str] = {
-    "course_lib/grading/gradebook.py": "the grading helper (issue 27) rewrites grading",
-    "course_lib/grading/sandbox.py": "the grading helper (issue 27) rewrites grading",
-    "course_lib/serving/replica/_middleware.py": "the tail helper (Lesson 7) rewrites the replica",
-}
+ALLOWED: dict[str, str] = {}
 
 #: Single checks that stay hand-written, each with the reason it is not a call of core.checks.
 ALLOWED_CHECKS: dict[tuple[str, str, str], str] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.measure.cold_start import ColdStartVariant, cold_start_table
+from course_lib.measure.tail import ColdStartVariant, cold_start_table
 
 
 def test_cold_start_table_measures_each_variant_in_a_fresh_process(replica_files, ids):
@@ -12,7 +12,14 @@ def test_cold_start_table_measures_each_variant_in_a_fresh_process(replica_files
     table = cold_start_table(replica_files, variants, ids[:40], n_first=20)
     assert list(table.index) == ["cold", "warm"]
     assert (
-        (table[["ready_s", "first_ms", "first20_p99_ms", "first20_max_ms", "steady_p50_ms", "steady_p99_ms"]] > 0).all().all()
+        (
+            table[
+                ["ready_s", "first_ms", "first20_p99_ms", "first20_max_ms", "steady_p50_ms", "steady_p99_ms"]
+            ]
+            > 0
+        )
+        .all()
+        .all()
     )
 
 

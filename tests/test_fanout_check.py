@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from course_lib.measure.fanout_check import binomial_interval, fanout_check, stalled_calls
+from course_lib.measure.tail import binomial_interval, fanout_check, stalled_calls
 from course_lib.serving.hedging import FanoutRun
 from course_lib.serving.replica import is_slow
 

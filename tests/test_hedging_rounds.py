@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from course_lib.core.waiting import wait_until
-from course_lib.measure.hedging_rounds import HedgingRounds, busy_fractions, run_hedging_rounds
+from course_lib.measure.tail import HedgingRounds, busy_fractions, run_hedging_rounds
 from course_lib.serving.hedging import HedgeStats
 from course_lib.serving.replica import start_replica
 

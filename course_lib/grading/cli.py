@@ -58,7 +58,7 @@ def config_error(course_root) -> str | None:
     nbgrader logs a configuration file that raises and carries on with its defaults, which would
     grade with plain ``Execute``: unsandboxed, by nbgrader's own rule.
     """
-    from traitlets.config.loader import PyFileConfigLoader
+    from traitlets.config.loader import PyFileConfigLoader  # noqa: PLC0415 (heavy optional dependency: nbgrader)
 
     path = _course_root(course_root) / "nbgrader_config.py"
     if not path.is_file():
@@ -71,7 +71,7 @@ def config_error(course_root) -> str | None:
 
 
 def _notebooks(course_root, assignment: str) -> list[str]:
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import Gradebook, MissingEntry  # noqa: PLC0415 (heavy optional dependency: nbgrader)
 
     with Gradebook(gradebook_url(course_root), course_id="") as gradebook:
         try:
@@ -154,7 +154,7 @@ def _feedback(args) -> int:
 
 
 def _validate(args) -> int:
-    from course_lib.grading.validate import validate_notebook
+    from course_lib.grading.validate import validate_notebook  # noqa: PLC0415 (heavy optional dependency: nbgrader)
 
     missing = [nb for nb in args.notebooks if not Path(nb).is_file()]
     if missing:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib.core._io import REPO_ROOT
+from course_lib.core.checks import non_empty
 
 __all__ = [
     "COURSE_ROOT",
@@ -114,7 +115,7 @@ def question_scores(
     FileNotFoundError
         If the course has no gradebook yet.
     """
-    from nbgrader.api import Gradebook
+    from nbgrader.api import Gradebook  # noqa: PLC0415 (heavy optional dependency: nbgrader)
 
     url = gradebook_url(course_root)
     rows = []
@@ -218,8 +219,7 @@ def run_nbgrader(
     subprocess.TimeoutExpired
         If the command runs longer than ``timeout_s``.
     """
-    if not args:
-        raise ValueError("args must name an nbgrader sub-command, e.g. run_nbgrader('autograde', 'ps1')")
+    non_empty("args", args)  # the nbgrader sub-command and its arguments, e.g. ('autograde', 'ps1')
     root = _course_root(course_root)
     env = os.environ.copy()
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

@@ -146,7 +146,7 @@ def _student(folder: Path, notebooks: list[str], dest: Path, max_bytes: int, nam
 
 def _record_unreadable(db_url: str, assignment: str, student: str, notebooks: list[str]) -> None:
     """Give an unreadable notebook a submission with no score (so it shows in grades.csv and formgrader)."""
-    from nbgrader.api import Gradebook
+    from nbgrader.api import Gradebook  # noqa: PLC0415 (heavy optional dependency: nbgrader)
 
     with Gradebook(db_url) as gradebook:
         gradebook.update_or_create_student(student)

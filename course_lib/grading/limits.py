@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_lib.core.checks import integer, one_of
+
 __all__ = ["CONTAINMENTS", "Containment", "contain", "sandbox_processes"]
 
 #: Ways to bound a sandbox, in the order ``auto`` tries them.
@@ -330,12 +332,9 @@ def contain(
     ValueError
         For a limit below 1 or an unknown ``prefer``.
     """
-    if memory_bytes < 1 or max_processes < 1:
-        raise ValueError(
-            f"limits must be >= 1, got memory_bytes={memory_bytes}, max_processes={max_processes}"
-        )
-    if prefer not in ("auto", *CONTAINMENTS):
-        raise ValueError(f"prefer must be 'auto' or one of {CONTAINMENTS}, got {prefer!r}")
+    memory_bytes = integer("memory_bytes", memory_bytes, min=1)
+    max_processes = integer("max_processes", max_processes, min=1)
+    prefer = one_of("prefer", prefer, ("auto", *CONTAINMENTS))
     makers = {"cgroup2": _cgroup2, "cgroup1": _cgroup1}
     for kind in CONTAINMENTS[:2] if prefer == "auto" else (prefer,):
         found = makers[kind](memory_bytes, max_processes) if kind in makers else None

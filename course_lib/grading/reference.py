@@ -57,7 +57,7 @@ class ReferenceKernel:
     def calls(self) -> KernelCalls:
         """Requests into the reference kernel (started, and ``setup`` run, on first use)."""
         if self._calls is None:
-            from jupyter_core.utils import run_sync  # the grader's one event loop per thread
+            from jupyter_core.utils import run_sync  # noqa: PLC0415 (heavy optional dependency: jupyter)
 
             run_sync(self._start)()
         return self._calls
@@ -106,7 +106,7 @@ class ReferenceKernel:
     def close(self) -> None:
         """Shut the kernel down (at exit the event loop may be gone: then kill it and clean up directly)."""
         if self._km is not None:
-            from jupyter_core.utils import run_sync
+            from jupyter_core.utils import run_sync  # noqa: PLC0415 (heavy optional dependency: jupyter)
 
             with contextlib.suppress(Exception):
                 self._kc.stop_channels()

@@ -38,6 +38,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib.core.checks import one_of
 from course_lib.grading.unshare import find_tools, unshare_command
 from course_lib.grading.view import ETC_FILES, PASSED_ENV, PROC_READ_ONLY, KernelView, kernel_view
 
@@ -179,8 +180,7 @@ def find_sandbox(prefer: str = "auto") -> SandboxCheck:
     ValueError
         If ``prefer`` is not one of :data:`SANDBOXES`.
     """
-    if prefer not in SANDBOXES:
-        raise ValueError(f"sandbox must be one of {SANDBOXES}, got {prefer!r}")
+    prefer = one_of("prefer", prefer, SANDBOXES)
     if prefer == "none":
         return SandboxCheck(None, None, "sandbox disabled (--unsafe): student code runs with your rights")
     if sys.platform != "linux":

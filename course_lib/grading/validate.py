@@ -74,7 +74,7 @@ def configure_validate(config: Config) -> Config:
     It marks ``Validator.preprocessors`` configurable (nbgrader 0.9 leaves it out) and sets it to
     :data:`VALIDATOR_PREPROCESSORS`; returns ``config``.
     """
-    from nbgrader.validator import Validator
+    from nbgrader.validator import Validator  # noqa: PLC0415 (heavy optional dependency: nbgrader)
 
     Validator.preprocessors.tag(config=True)
     config.Validator.preprocessors = VALIDATOR_PREPROCESSORS
@@ -102,7 +102,7 @@ def validate_notebook(path: str | os.PathLike, *, print_results: bool = False) -
     FileNotFoundError
         If ``path`` is not a file.
     """
-    from nbgrader.validator import Validator
+    from nbgrader.validator import Validator  # noqa: PLC0415 (heavy optional dependency: nbgrader)
 
     notebook = Path(path)
     if not notebook.is_file():

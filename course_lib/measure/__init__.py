@@ -1,8 +1,8 @@
 """Layer 4, measuring real servers and models: load generators, knees, histograms, throughput, experiments.
 
 The open-loop load generator and its targets, rate ladders and knees, coordinated omission,
-HdrHistograms, Locust, the load-test server, batching cost and gain, throughput records, cold starts, GC
-pauses, the lessons' live experiments, and the whole service's waterfall (with k6 and the serving peers).
+HdrHistograms, Locust, the load-test server, batching cost and gain, throughput records, GC pauses, the lessons' live
+experiments, Lesson 7's tail experiments (hedging rounds, fan-out, cold starts), and the whole service's waterfall (with k6 and the serving peers).
 
 Imports only from the layers below.
 """
@@ -11,13 +11,10 @@ __all__ = [
     "batch_cost",
     "batching_gain",
     "capacity_record",
-    "cold_start",
     "coordinated_omission",
     "experiments",
-    "fanout_check",
     "gc_pauses",
     "generators",
-    "hedging_rounds",
     "histograms",
     "knee",
     "load_server",
@@ -25,6 +22,7 @@ __all__ = [
     "locust_runner",
     "rate_sweep",
     "source_loadtest",
+    "tail",
     "targets",
     "throughput",
     "waterfall",

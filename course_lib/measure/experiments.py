@@ -4,7 +4,7 @@ They sit here, above :mod:`course_lib.serving`, because they use the load genera
 (:mod:`course_lib.measure.loadgen`); the components they drive do not know about load testing.
 
 * ``run_hedged_load``: Lesson 7, hedged requests between two replicas, one run (repeated in rounds
-  by :mod:`course_lib.measure.hedging_rounds`);
+  by :mod:`course_lib.measure.tail`);
 * ``run_fallback_load``: Lesson 7, per-call timeouts with a flagged fallback;
 * ``measure_dedup``: Lesson 8, request de-duplication in the batcher next to a cache.
 """

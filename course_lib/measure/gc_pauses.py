@@ -30,7 +30,9 @@ Instagram Engineering (2017), "Dismissing Python Garbage Collection at Instagram
 from __future__ import annotations
 
 import gc
+import json
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -365,8 +367,6 @@ def traced_request_path(
     ValueError
         For an empty id list or a count < 1.
     """
-    import json
-    from collections import deque
 
     non_empty("customer_ids", customer_ids)
     spans_per_request = integer("spans_per_request", spans_per_request, min=1)

@@ -166,7 +166,7 @@ def auc_with_fallbacks(
     ValueError
         If the shapes differ.
     """
-    from sklearn.metrics import roc_auc_score
+    from sklearn.metrics import roc_auc_score  # noqa: PLC0415 (heavy optional dependency)
 
     y = np.asarray(y_true)
     p = np.asarray(p_model, dtype=float)

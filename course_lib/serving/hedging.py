@@ -241,7 +241,7 @@ class HedgingClient:
         self._rotation = itertools.count()
 
     def _open(self) -> list[Any]:
-        import aiohttp  # function-level: the HTTP client is needed only by a caller that sends
+        import aiohttp  # noqa: PLC0415 (heavy optional dependency)
 
         if not self._sessions:
             timeout = aiohttp.ClientTimeout(total=self._timeout_s)

@@ -33,8 +33,6 @@ from typing import Any
 
 from course_lib.core.checks import InvalidArgumentError, integer, number
 
-__all__ = ["FAULT_FIELDS", "ReplicaConfig", "ReplicaMiddleware", "ReplicaState", "is_slow"]
-
 #: The ``ReplicaConfig`` fields ``PUT /faults`` may change.
 FAULT_FIELDS: tuple[str, ...] = ("slow_fraction", "slow_ms", "seed")
 _MAX_FAULTS_BODY_BYTES = 4096

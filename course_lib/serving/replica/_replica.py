@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from course_lib.core._io import REPO_ROOT
 from course_lib.core._process import ChildProcess, start_child
 from course_lib.core.checks import InvalidArgumentError, positive_number
@@ -58,7 +60,6 @@ from course_lib.serving.replica._middleware import (
     ReplicaConfig,
     ReplicaMiddleware,
     ReplicaState,
-    is_slow,
 )
 from course_lib.serving.server import (
     DEFAULTS,
@@ -69,19 +70,6 @@ from course_lib.serving.server import (
     to_argv,
 )
 
-__all__ = [
-    "REPLICA_SERVER",
-    "ReplicaConfig",
-    "ReplicaFiles",
-    "ReplicaMiddleware",
-    "ReplicaProcess",
-    "ReplicaState",
-    "is_slow",
-    "main",
-    "prepare_replica_files",
-    "start_replica",
-]
-
 _NO_STALLS = ReplicaConfig()  # frozen: safe as a default argument
 #: The runtime's limits a replica runs with unless told otherwise: ``DEFAULTS`` with the production
 #: service's parser and loop (httptools + uvloop).
@@ -89,8 +77,6 @@ REPLICA_SERVER = DEFAULTS.replace(http=PRODUCTION.http, loop=PRODUCTION.loop)
 
 
 def _warm_up(url: str, ids: list[str], state: ReplicaState) -> None:
-    import httpx
-
     with httpx.Client(base_url=url, timeout=30.0) as client:
         for customer in ids:
             client.post("/score", json={"customer_id": customer}, headers={"x-warmup": "1"})
@@ -151,10 +137,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float) -> Any:
     """The production churn app (one worker) over this replica's model file and feature store."""
     # function-level imports: the model stack loads in the replica process only
-    from course_lib.churn.export import OnnxChurnScorer, make_session
-    from course_lib.serving.feature_store import make_lookup
-    from course_lib.serving.production import ProductionService, create_production_app
-    from course_lib.serving.service import onnx_forward
+    from course_lib.churn.export import OnnxChurnScorer, make_session  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
+    from course_lib.serving.feature_store import make_lookup  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
+    from course_lib.serving.production import ProductionService, create_production_app  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
+    from course_lib.serving.service import onnx_forward  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
 
     config = PRODUCTION.replace(workers=1)
     scorer = OnnxChurnScorer(make_session(args.onnx))
@@ -172,7 +158,7 @@ def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float)
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of a replica process (see the module docstring for the options)."""
-    from course_lib.serving.feature_store import FeatureStore  # the model stack: replica process only
+    from course_lib.serving.feature_store import FeatureStore  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
 
     args = _parse_args(argv)
     config = ReplicaConfig(args.slow_fraction, args.slow_ms, args.seed, args.warmup_requests, args.gc_freeze)
@@ -216,8 +202,6 @@ class ReplicaProcess:
 
     def stats(self) -> dict[str, Any]:
         """The replica's ``/stats`` counters."""
-        import httpx
-
         return httpx.get(f"{self.url}/stats", timeout=5.0).json()
 
     def set_faults(self, **faults: float) -> dict[str, float]:
@@ -233,8 +217,6 @@ class ReplicaProcess:
         course_lib.core.checks.InvalidArgumentError
             For a name outside ``FAULT_FIELDS`` or a value the replica refused (its reason quoted).
         """
-        import httpx
-
         unknown = sorted(set(faults) - set(FAULT_FIELDS))
         if unknown:
             raise InvalidArgumentError(f"faults must be among {list(FAULT_FIELDS)}, got {unknown}")
@@ -245,8 +227,6 @@ class ReplicaProcess:
 
     def is_ready(self) -> bool:
         """True once ``/readyz`` answers 200."""
-        import httpx
-
         try:
             return httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200
         except httpx.TransportError:
@@ -352,10 +332,10 @@ def prepare_replica_files(
 
     Relative ``folder`` paths are taken from the repository root; the store lives in the same folder.
     """
-    from course_lib.churn.data import DATA_DIR
-    from course_lib.churn.export import pipeline_to_onnx
-    from course_lib.churn.model import load_or_train_churn_model
-    from course_lib.serving.feature_store import build_feature_store
+    from course_lib.churn.data import DATA_DIR  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
+    from course_lib.churn.export import pipeline_to_onnx  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
+    from course_lib.churn.model import load_or_train_churn_model  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
+    from course_lib.serving.feature_store import build_feature_store  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
 
     base = Path(folder)
     if not base.is_absolute():

@@ -3,7 +3,7 @@
 ``HttpStatusError`` is what every course client raises when a server answers outside 2xx: this
 module's ``ChurnClient``, the hedging client (:mod:`course_lib.serving.hedging`), the load
 generator's targets (:mod:`course_lib.measure.targets`) and the cold-start probe
-(:mod:`course_lib.measure.cold_start`). Its ``shed`` says whether the server shed the request
+(:mod:`course_lib.measure.tail`). Its ``shed`` says whether the server shed the request
 (429 or 503: retry later) rather than refused or failed it, and the load generator
 (:func:`course_lib.measure.loadgen.outcome_of`) counts a shed answer as ``"shed"``, not as an error.
 (``RequestError`` is the server's side: the refusal a stage raises to answer with a 4xx.)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import httpx
 import numpy as np
 import pandas as pd
 
@@ -30,8 +31,6 @@ from course_lib.core.percentiles import percentile
 from course_lib.core.waiting import wait_until
 from course_lib.serving.replica import ReplicaConfig, ReplicaFiles, ReplicaProcess, start_replica
 from course_lib.serving.service import raise_for_status
-
-__all__ = ["ColdStartVariant", "cold_start_table", "first_requests_ms"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,6 @@ def first_requests_ms(replica: ReplicaProcess, customer_ids: Sequence[str], *, r
     course_lib.serving.service.HttpStatusError
         If a request is not answered with 2xx.
     """
-    import httpx
-
     with httpx.Client(base_url=replica.url, timeout=30.0) as client:
 
         def ready() -> bool:

@@ -27,8 +27,6 @@ from course_lib.core.checks import integer, number, positive_number
 from course_lib.serving.hedging import FanoutRun
 from course_lib.serving.replica import is_slow
 
-__all__ = ["FanoutCheck", "binomial_interval", "fanout_check", "stalled_calls"]
-
 
 def stalled_calls(
     request_ids: Sequence[str] | np.ndarray,
@@ -77,7 +75,7 @@ def binomial_interval(successes: int, trials: int, confidence: float = 0.95) -> 
     >>> (low, round(high, 4))
     (0.0, 0.0362)
     """
-    from scipy.stats import binomtest  # function-level: scipy is heavy and only this needs it
+    from scipy.stats import binomtest  # noqa: PLC0415 (heavy optional dependency)
 
     trials = integer("trials", trials, min=1)
     successes = integer("successes", successes, min=0, max=trials)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import psutil
 
 from course_lib.core.bench import round_order
 from course_lib.core.checks import integer, non_empty, positive_number
@@ -34,8 +35,6 @@ from course_lib.core.intervals import RatioInterval, ratio_interval_from_values
 from course_lib.core.percentiles import percentile
 from course_lib.measure.experiments import run_hedged_load
 from course_lib.serving.hedging import HedgeStats, hedging_summary
-
-__all__ = ["HedgingRounds", "busy_fractions", "run_hedging_rounds"]
 
 
 @dataclass(frozen=True)
@@ -203,8 +202,6 @@ def busy_fractions(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
     psutil.NoSuchProcess
         If a process is gone at the start.
     """
-    import psutil  # function-level: only this measurement needs it
-
     processes = {name: psutil.Process(pid) for name, pid in pids.items()}
 
     def cpu_s(proc: Any) -> float:
