@@ -109,3 +109,27 @@ def test_busy_fractions_are_cpu_seconds_over_wall_seconds_of_each_process():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_busy_fractions_count_the_rest_of_the_machine_as_others():
+    burn = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\nprint('done', flush=True)\ntime.sleep(30)"
+    burner = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        with (
+            busy_fractions({"me": os.getpid(), "burner": burner.pid}) as alone,
+            busy_fractions({"me": os.getpid()}, others=True) as busy,
+        ):
+            assert (
+                burner.stdout is not None and burner.stdout.readline() == "done\n"
+            )  # it burned 0.6 s of CPU
+        assert set(busy) == {"me", "others"}
+        # the burner is not named in the second block, so its CPU is part of "others" (clock ticks aside)
+        assert alone["burner"] > 0 and busy["others"] >= 0.8 * alone["burner"] - 0.05
+    finally:
+        burner.kill()
+        burner.wait()
+
+
+def test_busy_fractions_refuse_a_process_named_others():
+    with pytest.raises(ValueError, match="others"), busy_fractions({"others": os.getpid()}, others=True):
+        pass

@@ -30,7 +30,7 @@ import pandas as pd
 import psutil
 
 from course_lib.core.bench import round_order
-from course_lib.core.checks import integer, non_empty, positive_number
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, positive_number
 from course_lib.core.intervals import RatioInterval, ratio_interval_from_values
 from course_lib.core.percentiles import percentile
 from course_lib.measure.experiments import run_hedged_load
@@ -185,7 +185,7 @@ async def run_hedging_rounds(
 
 
 @contextmanager
-def busy_fractions(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
+def busy_fractions(pids: Mapping[str, int], *, others: bool = False) -> Iterator[dict[str, float]]:
     """How busy each process was during the ``with`` block: its CPU seconds over the wall seconds.
 
     The dict yielded is filled in when the block ends. 1.0 means one core's worth of work: a process
@@ -193,22 +193,39 @@ def busy_fractions(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
     its knee; well below it, requests rarely queue inside it. CPU time counts the process's threads
     (``psutil.Process.cpu_times``), not the time it waited for a core on a busy machine.
 
+    With ``others``, the dict also holds ``"others"``: the cores' worth of CPU that every other process
+    on the machine used meanwhile (the machine's busy CPU time, ``psutil.cpu_times``, minus that of the
+    processes named), in the same unit. On a 2-core machine, ``others`` near 2 means the experiment's
+    processes waited for a core, whatever their own fractions say.
+
     Parameters
     ----------
     pids : mapping of name -> process id (``os.getpid()`` for this process)
+    others : bool
+        Also measure the rest of the machine (key ``"others"``, which must not be a name in ``pids``).
 
     Raises
     ------
     psutil.NoSuchProcess
         If a process is gone at the start.
+    course_lib.core.checks.InvalidArgumentError
+        If ``others`` is set and ``pids`` names a process ``"others"``.
     """
+    if others and "others" in pids:
+        raise InvalidArgumentError("pids must not name a process 'others' when others=True")
     processes = {name: psutil.Process(pid) for name, pid in pids.items()}
+
+    def machine_busy_s() -> float:
+        times = psutil.cpu_times()
+        return float(times.user + times.system + getattr(times, "nice", 0.0) + getattr(times, "irq", 0.0)
+                     + getattr(times, "softirq", 0.0) + getattr(times, "steal", 0.0))  # fmt: skip
 
     def cpu_s(proc: Any) -> float:
         times = proc.cpu_times()
         return float(times.user + times.system)
 
     start = {name: cpu_s(proc) for name, proc in processes.items()}
+    machine_start = machine_busy_s() if others else 0.0
     wall_start = time.perf_counter()
     out: dict[str, float] = {}
     yield out
@@ -218,3 +235,6 @@ def busy_fractions(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
             out[name] = (cpu_s(proc) - start[name]) / wall_s
         except psutil.NoSuchProcess:  # it exited during the block: nothing left to read
             out[name] = math.nan
+    if others:
+        ours = sum(value for value in out.values() if not math.isnan(value))
+        out["others"] = max(0.0, (machine_busy_s() - machine_start) / wall_s - ours)
