@@ -109,8 +109,7 @@ unit: $(STAMP)
 nbval: first-run
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) notebooks
 
-# ruff check and ruff format --check cover the same paths; the lessons not yet formatted are listed in
-# pyproject.toml ([tool.ruff.format] exclude) and join the format check when they are formatted.
+# ruff check and ruff format --check cover the same paths, every lesson included.
 RUFF_PATHS := course_lib tests benchmarks loadtests notebooks
 
 test: first-run
