@@ -472,8 +472,13 @@ def test_break_even_ranges_agree_with_brute_force(a, b, headroom_pct, probes):
         points += [low * 0.999, low * 1.001 + 1e-9] + (
             [high * 0.999, high * 1.001] if math.isfinite(high) else []
         )
+    # With equal cost per unit of capacity the steps alternate for ever: the result covers only the
+    # stretch it scanned (its documented contract), so points beyond it are not checked then.
+    equal_slopes = Fraction(str(float(a.hourly_price))) / Fraction(str(float(a.rps_per_replica))) == Fraction(
+        str(float(b.hourly_price))
+    ) / Fraction(str(float(b.rps_per_replica)))
     for peak in points:
-        if peak > 0:
+        if peak > 0 and not (equal_slopes and peak > result.scanned_to_rps):
             assert b_cheaper(Fraction(peak)) == in_ranges(peak), (peak, result)
     if result.rps is not None:
         assert b_cheaper(Fraction(result.rps * 1.0001 + 1e-9))
