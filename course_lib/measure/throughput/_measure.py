@@ -44,6 +44,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -60,6 +61,9 @@ from course_lib.core.checks import (
     positive_number,
 )
 from course_lib.core.percentiles import percentile
+
+if TYPE_CHECKING:
+    import onnx
 
 SCHEMA = "course_lib.measure.throughput._measure/1"
 #: Recorded measurements: ``cpu_throughput.json`` (measured on the course machine) and, once recorded on a
@@ -226,7 +230,7 @@ def rps_at_p99_limit(
 
 
 def onnx_node_placement(
-    model: object, providers: Sequence[str], feeds: dict[str, np.ndarray]
+    model: onnx.ModelProto | bytes, providers: Sequence[str], feeds: dict[str, np.ndarray]
 ) -> dict[str, int]:
     """How many graph nodes each execution provider ran, from one profiled ``InferenceSession.run``.
 
