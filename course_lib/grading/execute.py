@@ -218,7 +218,8 @@ class GuardedExecute(Execute):
         self.log.warning("Replacing the kernel (%s); replacement %d", why, self._restarts)
         if self._restarts > self.max_kernel_restarts:
             raise RuntimeError(f"more than {self.max_kernel_restarts} kernel replacements")
-        shutdown, self.shutdown_kernel = self.shutdown_kernel, "immediate"
+        shutdown = self.shutdown_kernel
+        self.shutdown_kernel = "immediate"
         try:
             self._cleanup_kernel()
         finally:

@@ -204,8 +204,9 @@ def choose_runtime(
     X = _encoded(sample, specs["xgboost"].encoding)
     scorers = {r: s.build() for r, s in specs.items()}
     reference = scorers["xgboost"](X)
+    calls: dict[str, Callable[[], object]] = {r: (lambda f=f: f(X)) for r, f in scorers.items()}
     table = compare_latency(
-        {r: (lambda f=f: f(X)) for r, f in scorers.items()},
+        calls,
         n_calls=1,
         rounds=rounds,
         warmup_calls=1,

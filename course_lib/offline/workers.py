@@ -162,8 +162,9 @@ def run_chunks(
                 return
             with lock:
                 state["outstanding"] -= 1
-            if future.exception() is not None:
-                raise future.exception()
+            error = future.exception()
+            if error is not None:
+                raise error
             if math.isnan(state["first"]):
                 state["first"] = time.perf_counter() - start
             on_result(future.result())

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import TypedDict, Unpack, cast
 
 import numpy as np
 import pandas as pd
@@ -157,8 +157,9 @@ def extreme_mates(X: pd.DataFrame) -> pd.DataFrame:
     non_empty("X", X)
     high, low = X.iloc[[0]].copy(), X.iloc[[0]].copy()
     for name, spec in NUMERIC_SCHEMA.items():
-        high[name] = np.asarray([spec.high]).astype(X[name].dtype)
-        low[name] = np.asarray([spec.low]).astype(X[name].dtype)
+        dtype = cast(np.dtype, X[name].dtype)  # a numeric feature: a NumPy dtype, not an ExtensionDtype
+        high[name] = np.asarray([spec.high]).astype(dtype)
+        low[name] = np.asarray([spec.low]).astype(dtype)
     return pd.concat([high, low], ignore_index=True)
 
 

@@ -76,7 +76,7 @@ class HedgeStats:
     failed_calls: int = 0
     shed_calls: int = 0
 
-    def failed(self, error: BaseException | None) -> BaseException | None:
+    def failed(self, error: BaseException) -> BaseException:
         """Count one failed call (and whether it was shed); returns ``error``."""
         self.failed_calls += 1
         if isinstance(error, HttpStatusError) and error.shed:
@@ -101,6 +101,13 @@ class HedgedResult(Generic[T]):
     hedged: bool
     latency_ms: float
     primary: int
+
+
+def _error_of(task: asyncio.Task[Any]) -> BaseException:
+    """The exception of a finished task that gave no result (the caller returned on a success)."""
+    error = task.exception()
+    assert error is not None  # done and not a success
+    return error
 
 
 async def _cancel_and_wait(tasks: set[asyncio.Task[Any]], stats: HedgeStats) -> None:
@@ -172,7 +179,7 @@ async def hedged(
                     primary=primary,
                 )
             if first in done:  # failed before the hedge delay: the hedge is the only hope left
-                errors.append(stats.failed(first.exception()))
+                errors.append(stats.failed(_error_of(first)))
             second_index = (primary + 1) % len(replicas)
             second = asyncio.ensure_future(call(replicas[second_index]))
             owner[second] = second_index
@@ -193,7 +200,7 @@ async def hedged(
                         latency_ms=1000 * (time.perf_counter() - start),
                         primary=primary,
                     )
-                errors.append(stats.failed(task.exception()))
+                errors.append(stats.failed(_error_of(task)))
         raise errors[0]
     finally:
         await _cancel_and_wait(pending, stats)

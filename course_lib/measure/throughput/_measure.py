@@ -216,7 +216,7 @@ def rps_at_p99_limit(
         bound_ms = wait_factor * part[p99_column] / 1e3
         ok = part[bound_ms <= p99_limit_ms]
         single = part.loc[part["batch_size"] == 1, "rps_at_full_use"]
-        best = ok.loc[ok["rps_at_full_use"].idxmax()] if len(ok) else None
+        best = ok.iloc[ok["rps_at_full_use"].argmax()] if len(ok) else None
         rows[name] = {
             "batch_size": float(best["batch_size"]) if best is not None else math.nan,
             "p99_call_ms": float(best[p99_column]) / 1e3 if best is not None else math.nan,
