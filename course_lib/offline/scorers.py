@@ -204,7 +204,11 @@ def choose_runtime(
     X = _encoded(sample, specs["xgboost"].encoding)
     scorers = {r: s.build() for r, s in specs.items()}
     reference = scorers["xgboost"](X)
-    calls: dict[str, Callable[[], object]] = {r: (lambda f=f: f(X)) for r, f in scorers.items()}
+
+    def on_sample(f: Callable[[np.ndarray], np.ndarray]) -> Callable[[], object]:
+        return lambda: f(X)
+
+    calls = {r: on_sample(f) for r, f in scorers.items()}
     table = compare_latency(
         calls,
         n_calls=1,

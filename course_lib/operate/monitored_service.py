@@ -224,10 +224,8 @@ class ShadowScorer:
             if not items:
                 return
             started = time.perf_counter()
-            try:
-                rows = [self.lookup(cid) for cid, _, _ in items]
-                # an unknown customer's None makes forward raise: counted as failed below
-                scores = self.forward(cast(list[dict[str, object]], rows))
+            try:  # an unknown customer's None record makes forward raise: counted as failed below
+                scores = self.forward(cast(list[dict[str, object]], [self.lookup(c) for c, _, _ in items]))
             except Exception:  # a failing shadow model must never affect the service
                 self.failed += len(items)
                 if self.metrics:

@@ -351,7 +351,7 @@ def oversubscription_ratio(
 
 
 def _run_config(
-    ctx: mp.context.BaseContext,
+    ctx: mp.context.ForkServerContext | mp.context.SpawnContext,
     source: object,
     feeds: Mapping[str, np.ndarray],
     n_proc: int,

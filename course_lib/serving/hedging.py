@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -103,13 +103,6 @@ class HedgedResult(Generic[T]):
     primary: int
 
 
-def _error_of(task: asyncio.Task[Any]) -> BaseException:
-    """The exception of a finished task that gave no result (the caller returned on a success)."""
-    error = task.exception()
-    assert error is not None  # done and not a success
-    return error
-
-
 async def _cancel_and_wait(tasks: set[asyncio.Task[Any]], stats: HedgeStats) -> None:
     for task in tasks:
         if not task.done():
@@ -179,7 +172,7 @@ async def hedged(
                     primary=primary,
                 )
             if first in done:  # failed before the hedge delay: the hedge is the only hope left
-                errors.append(stats.failed(_error_of(first)))
+                errors.append(stats.failed(cast(BaseException, first.exception())))  # done, not a success
             second_index = (primary + 1) % len(replicas)
             second = asyncio.ensure_future(call(replicas[second_index]))
             owner[second] = second_index
@@ -200,7 +193,7 @@ async def hedged(
                         latency_ms=1000 * (time.perf_counter() - start),
                         primary=primary,
                     )
-                errors.append(stats.failed(_error_of(task)))
+                errors.append(stats.failed(cast(BaseException, task.exception())))  # done, not a success
         raise errors[0]
     finally:
         await _cancel_and_wait(pending, stats)

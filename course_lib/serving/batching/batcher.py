@@ -344,7 +344,7 @@ class DynamicBatcher(Generic[T, R]):
     def _resolve(
         self,
         entries: list[QueueEntry],
-        values: Sequence[Any] | None,
+        values: Sequence[Any] | np.ndarray | None,
         error: BaseException | None,
         meta: dict[str, Any] | None = None,
     ) -> None:
