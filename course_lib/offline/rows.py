@@ -191,9 +191,8 @@ def check_rows(table: pa.Table) -> CheckedRows:
     ids = _plain(table.column(ID_COLUMN))
     if not _is_text(ids.type):
         ids = pc.cast(ids, pa.string())
-    checks: list[
-        tuple[np.ndarray, str | tuple[str, str, pa.Array]]
-    ] = []  # (bad mask, reason: str or (column, rule, array))
+    # (bad mask, reason: str or (column, rule, array))
+    checks: list[tuple[np.ndarray, str | tuple[str, str, pa.Array]]] = []
     if ids.null_count:
         checks.append((ids.is_null().to_numpy(zero_copy_only=False), f"{ID_COLUMN} is missing"))
     checks.append((_repeated(ids), f"{ID_COLUMN} appears earlier in the same chunk"))
