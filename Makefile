@@ -34,7 +34,7 @@ help:
 	@echo "  make install       only install the course environment into .venv from requirements.lock"
 	@echo "  make clean         remove build/ and .pytest_cache (never my-work/ or .venv/)"
 	@echo "Contributors"
-	@echo "  make test          ruff check + format check, doctests, unit tests, strict nbval on every lesson, grading round trip (CI)"
+	@echo "  make test          ruff check + format check, mypy, doctests, unit tests, strict nbval on every lesson, grading round trip (CI)"
 	@echo "  make test-under-load  strict nbval on the lessons with 2 CPU-bound processes competing (a busy laptop);"
 	@echo "                     NOTEBOOKS=notebooks/02_latency_budget.ipynb runs some; LOAD_PROCS=2 sets the competition"
 	@echo "  make unit          the unit tests only (tests/)"
@@ -115,6 +115,7 @@ RUFF_PATHS := course_lib tests benchmarks loadtests notebooks
 test: first-run
 	$(BIN)/ruff check $(RUFF_PATHS)
 	$(BIN)/ruff format --check $(RUFF_PATHS)
+	$(MYPY)
 	$(BIN)/python -m pytest -q --doctest-modules --ignore-glob='*/__main__.py' course_lib
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
 
@@ -141,8 +142,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(RUFF_PATHS)
 	$(MYPY)
 
-# mypy over course_lib ([tool.mypy] in pyproject.toml). Not yet part of `make test` or .ci/run: course_lib
-# still has 183 mypy errors (mypy 2.4.1), which a follow-up fixes; then `make test` calls it too.
+# mypy over course_lib ([tool.mypy] in pyproject.toml); `make test` (and so .ci/run) and `make lint` call it too.
 MYPY := $(BIN)/python -m mypy
 typecheck: $(STAMP)
 	$(MYPY)

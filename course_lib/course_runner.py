@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from course_lib.core._io import atomic_write_text
 
@@ -77,7 +78,17 @@ def run_lessons(
     return results
 
 
-def prepare_first_run() -> list[dict[str, object]]:
+class FirstRunRow(TypedDict):
+    """One artefact ``prepare_first_run`` checked or built."""
+
+    what: str
+    path: Path
+    built: bool
+    seconds: float
+    bytes: int
+
+
+def prepare_first_run() -> list[FirstRunRow]:
     """Build the course model and Lesson 2's feature store if they are missing; one row per artefact.
 
     Returns
@@ -95,7 +106,7 @@ def prepare_first_run() -> list[dict[str, object]]:
     existed = model_path.is_file()
     start = time.perf_counter()
     load_or_train_churn_model()
-    rows: list[dict[str, object]] = [
+    rows: list[FirstRunRow] = [
         {
             "what": "course model (Lesson 1's XGBoost pipeline)",
             "path": model_path.relative_to(root),

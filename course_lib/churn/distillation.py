@@ -18,6 +18,8 @@ XGBoost documentation, "Learning Task Parameters" (``binary:logistic``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from sklearn.pipeline import Pipeline
@@ -78,7 +80,7 @@ def teacher_probabilities(teacher: Pipeline, population: pd.DataFrame) -> np.nda
     return teacher.predict_proba(features(population))[:, 1]
 
 
-def train_student(df: pd.DataFrame, targets: np.ndarray, **overrides: object) -> Pipeline:
+def train_student(df: pd.DataFrame, targets: np.ndarray, **overrides: Any) -> Pipeline:
     """Fit a student on customers ``df`` with targets in [0, 1] (0/1 labels or teacher probabilities).
 
     Parameters

@@ -177,7 +177,7 @@ def flattening_point(
     ok = curve["roc_auc"] >= full["roc_auc"] - auc_tolerance
     if log_loss_tolerance is not None:
         ok &= curve["log_loss"] <= full["log_loss"] + log_loss_tolerance
-    return int(curve.index[np.argmax(ok.to_numpy())])
+    return int(curve.index[int(np.argmax(ok.to_numpy()))])
 
 
 def prune_trees(pipeline: Pipeline, n_trees: int, *, nthread: int = DEFAULT_NTHREAD) -> Pipeline:

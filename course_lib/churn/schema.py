@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 import pandas as pd
@@ -124,7 +125,7 @@ class FeatureError(ValueError):
         self.column, self.value, self.allowed = column, value, allowed
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[float | np.integer | np.floating]:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)
     )
@@ -204,10 +205,10 @@ def check_frame(X: pd.DataFrame) -> None:
             i = int(np.argmax(bad))
             raise FeatureError(name, col.iloc[i], spec.describe(), row=i)
     for name, levels in CATEGORICAL_LEVELS.items():
-        values = X[name].astype(object)
-        unknown = ~values.isin(levels)
+        labels = X[name].astype(object)
+        unknown = ~labels.isin(levels)
         if unknown.any():
             raise ValueError(
-                f"column {name!r} has unknown levels {sorted(map(str, set(values[unknown])))[:5]}; "
+                f"column {name!r} has unknown levels {sorted(map(str, set(labels[unknown])))[:5]}; "
                 f"allowed: {list(levels)}"
             )

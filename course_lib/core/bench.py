@@ -282,12 +282,12 @@ def p99_median_of_rounds_us(rounds_ns: Sequence[np.ndarray] | np.ndarray) -> flo
 
 
 def compare_latency(
-    candidates: dict[str, Callable[[], object]],
+    candidates: Mapping[K, Callable[[], object]],
     *,
     n_calls: int | None = 200,
     rounds: int = 5,
     warmup_calls: int = 20,
-    baseline: str | None = None,
+    baseline: K | None = None,
     items_per_call: int = 1,
     target_s: float = 1.0,
     confidence: float | None = None,
@@ -339,13 +339,13 @@ def compare_latency(
     samples = interleaved_rounds_ns(
         candidates, n_calls=n_calls, rounds=rounds, warmup_calls=warmup_calls, target_s=target_s
     )
-    rows = {}
+    rows: dict[K, dict[str, float]] = {}
     for name, ns in samples.items():
         us = ns.ravel() / 1e3
         rows[name] = {"median_us": float(np.median(us)), "p99_us": percentile(us, 99)}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table["us_per_item"] = table["median_us"] / items_per_call
-    table["speedup"] = table.loc[base, "median_us"] / table["median_us"]
+    table["speedup"] = rows[base]["median_us"] / table["median_us"]
     table.attrs["rounds_ns"] = samples
     if confidence is not None:
         intervals = {

@@ -104,7 +104,7 @@ def integer(name: str, value: object, *, min: int | None = None, max: int | None
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Integral)
-        or ((min is not None and value < min) or (max is not None and value > max))
+        or ((min is not None and int(value) < min) or (max is not None and int(value) > max))
     ):
         raise InvalidArgumentError(
             f"{name} must be an integer{_bounds(min, max, False, False)}, got {_shown(value)}"

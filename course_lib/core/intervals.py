@@ -242,8 +242,8 @@ def ratio_interval_from_values(
 
 
 def ratio_interval(
-    candidate_rounds: Sequence[Sequence[float]] | np.ndarray,
-    baseline_rounds: Sequence[Sequence[float]] | np.ndarray,
+    candidate_rounds: Sequence[Sequence[float] | np.ndarray] | np.ndarray,
+    baseline_rounds: Sequence[Sequence[float] | np.ndarray] | np.ndarray,
     *,
     q: float = 50,
     confidence: float = 0.95,

@@ -121,6 +121,7 @@ def check_hours_per_month(value: object) -> Fraction:
 
 def check_currency(value: object) -> str:
     """An ISO 4217 code (three capital letters, e.g. "USD", "INR"); ValueError naming the value otherwise."""
-    if not _CURRENCY.match(instance_of("currency", value, str)):
+    value = instance_of("currency", value, str)
+    if not _CURRENCY.match(value):
         raise InvalidArgumentError(f"currency must be an ISO 4217 code such as 'USD' or 'INR', got {value!r}")
     return value

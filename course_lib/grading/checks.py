@@ -338,8 +338,9 @@ def load_checks(folder: str | Path, assignment: str) -> Checks:
     if not path.is_file():
         raise FileNotFoundError(f"no grader checks for {assignment}: {path} does not exist")
     spec = importlib.util.spec_from_file_location(f"_grader_checks_{assignment}", path)
+    assert spec is not None and spec.loader is not None  # a .py file always gets a source file loader
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)
     checks = getattr(module, "CHECKS", None)
     if not isinstance(checks, Checks) or checks.assignment != assignment:
         raise GraderError(f"{path} must define CHECKS = Checks({assignment!r})")

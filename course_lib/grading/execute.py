@@ -33,6 +33,7 @@ import dataclasses
 import time
 from pathlib import Path
 from queue import Empty
+from typing import Literal
 
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -79,6 +80,8 @@ def _output_bytes(msg: dict) -> int:
 
 class GuardedExecute(Execute):
     """nbgrader's ``Execute`` with budgets, the grader's checks and kernel replacement (see the module)."""
+
+    shutdown_kernel: Literal["graceful", "immediate"]  # nbclient's Enum trait (nbgrader has no stubs)
 
     checks_dir = Unicode("", help="folder of the grader's checks, <checks_dir>/<assignment>.py").tag(
         config=True
@@ -218,7 +221,8 @@ class GuardedExecute(Execute):
         self.log.warning("Replacing the kernel (%s); replacement %d", why, self._restarts)
         if self._restarts > self.max_kernel_restarts:
             raise RuntimeError(f"more than {self.max_kernel_restarts} kernel replacements")
-        shutdown, self.shutdown_kernel = self.shutdown_kernel, "immediate"
+        shutdown = self.shutdown_kernel
+        self.shutdown_kernel = "immediate"
         try:
             self._cleanup_kernel()
         finally:

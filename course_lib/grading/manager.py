@@ -36,6 +36,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import zmq
 from jupyter_client.asynchronous import AsyncKernelClient
@@ -220,12 +221,15 @@ class SandboxedKernelManager(AsyncKernelManager):
         cmd = super().format_kernel_cmd(extra_arguments)
         if self._scratch is None or self._check is None or self._containment is None:
             return cmd
+        # jupyter_client annotates _launch_args with traitlets.Any (a trait type) where it means typing.Any
+        launch: dict[str, Any] | None = self._launch_args
+        assert launch is not None  # _async_pre_start_kernel sets it before it formats the command
         view = kernel_view(
             cmd,
-            cwd=str(self._launch_args.get("cwd") or os.getcwd()),
+            cwd=str(launch.get("cwd") or os.getcwd()),
             seed_dir=str(Path(self._scratch, "seed")),
             connection_dir=str(Path(self._scratch, "conn")),
-            env=self._launch_args.get("env") or dict(os.environ),
+            env=launch.get("env") or dict(os.environ),
             memory_limit_bytes=self.memory_limit_bytes,
             cpu_limit_s=self.cpu_limit_s,
             file_size_limit_bytes=self.file_size_limit_bytes,
@@ -274,9 +278,10 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def kill_sandbox(self) -> None:
         """Kill the sandbox and remove its cgroups and scratch folder, without the event loop."""
-        if self.provisioner is not None and getattr(self.provisioner, "process", None) is not None:
+        process = getattr(self.provisioner, "process", None) if self.provisioner is not None else None
+        if process is not None:  # a LocalProvisioner's Popen
             with contextlib.suppress(OSError):
-                self.provisioner.process.kill()
+                process.kill()
         if self._containment is not None:
             self._containment.close()
         if self._scratch is not None:

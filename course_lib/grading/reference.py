@@ -43,7 +43,9 @@ class ReferenceKernel:
         self, setup: str, *, manager_factory: Callable[[], Any], setup_timeout_s: float = 300.0
     ) -> None:
         self.setup, self._factory, self.setup_timeout_s = setup, manager_factory, setup_timeout_s
-        self._km = self._kc = self._calls = None
+        self._km: Any = None
+        self._kc: Any = None
+        self._calls: KernelCalls | None = None
         self._folder: tempfile.TemporaryDirectory | None = None
         self._answers: dict[str, Any] = {}
 
@@ -60,6 +62,7 @@ class ReferenceKernel:
             from jupyter_core.utils import run_sync  # noqa: PLC0415 (heavy optional dependency: jupyter)
 
             run_sync(self._start)()
+        assert self._calls is not None  # _start sets it or raises
         return self._calls
 
     async def _start(self) -> None:

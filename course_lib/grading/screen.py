@@ -136,7 +136,12 @@ def _write_flag(node: ast.Call) -> str | None:
         )
         if func.attr in _MOVE_METHODS and not is_path:
             return None  # str.replace, DataFrame.rename(columns=...)
-        if is_path and target.args and _literal_inside_folder(target.args[0]):
+        if (
+            is_path
+            and isinstance(target, ast.Call)
+            and target.args
+            and _literal_inside_folder(target.args[0])
+        ):
             return None
         return f"writes or removes a file at a computed path (.{func.attr})"
     if (

@@ -78,7 +78,7 @@ class GainVerdict:
 def _rung(capacity: pd.DataFrame, name: str, column: str) -> float:
     if name not in capacity.index:
         raise ValueError(f"{name!r} is not a target of the capacity table; targets: {list(capacity.index)}")
-    return float(capacity.loc[name, column])
+    return float(capacity[column].loc[name])
 
 
 def gain_verdict(capacity: pd.DataFrame, baselines: Sequence[str], batched: str) -> GainVerdict:

@@ -17,6 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 
@@ -54,8 +55,8 @@ class HttpCapacityRecord:
 
     def lowest_sustained(self) -> tuple[tuple[str, str], float]:
         """The server that sustained the least, and its rate: a conservative end-to-end capacity."""
-        key = self.capacity["sustained_rps"].idxmin()
-        return key, float(self.capacity.loc[key, "sustained_rps"])
+        sustained = self.capacity["sustained_rps"]
+        return cast(tuple[str, str], sustained.idxmin()), float(sustained.min())  # index (runtime, target)
 
     def provenance(self) -> str:
         return (
@@ -81,14 +82,16 @@ def save_http_capacity(
     missing = [c for c in _COLUMNS if c not in capacity.columns]
     if missing:
         raise ValueError(f"capacity lacks the columns {missing}")
-    rows = [
-        {
-            "runtime": runtime,
-            "target": target,
-            **{c: (None if math.isnan(float(row[c])) else float(row[c])) for c in _COLUMNS},
-        }
-        for (runtime, target), row in capacity.iterrows()
-    ]
+    rows = []
+    for key, row in capacity.iterrows():
+        runtime, target = cast(tuple[str, str], key)  # the two index levels, checked above
+        rows.append(
+            {
+                "runtime": runtime,
+                "target": target,
+                **{c: (None if math.isnan(float(row[c])) else float(row[c])) for c in _COLUMNS},
+            }
+        )
     return write_measurement(
         path,
         _SCHEMA,

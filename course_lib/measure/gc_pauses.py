@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from course_lib.core.bench import round_order
+from course_lib.core.bench import Order, round_order
 from course_lib.core.checks import integer, non_empty, one_of
 from course_lib.core.intervals import RatioInterval, ratio_interval_from_values
 from course_lib.core.percentiles import percentiles
@@ -285,7 +285,7 @@ class GcRounds:
         """
         one_of("setting", setting, self.settings)
         values = self.per_round(column)
-        return ratio_interval_from_values(values[setting] / values[self.baseline], confidence)
+        return ratio_interval_from_values((values[setting] / values[self.baseline]).to_numpy(), confidence)
 
     def summary(self) -> pd.DataFrame:
         """Per setting, the median over rounds of every column (counts and times alike)."""
@@ -302,7 +302,7 @@ def gc_rounds(
     rounds: int = 6,
     settings: Sequence[str] = GC_SETTINGS,
     warmup_requests: int = 100,
-    order: str = "rotate",
+    order: Order = "rotate",
 ) -> GcRounds:
     """:func:`measure_gc_tail`'s runs repeated in ``rounds`` rounds, the settings taking turns.
 

@@ -202,7 +202,7 @@ class GeneratorPool:
         warm_connections = integer("warm_connections", warm_connections, min=0)
         start_at = time.time() + self.start_delay_s  # one instant for every process
         n_requests = int(rate_rps * duration_s * 1.5) + 100
-        specs = []
+        specs: list[dict[str, Any]] = []
         for j in range(k):
             part = None if schedule_ms is None else np.asarray(schedule_ms, dtype=float)[j::k]
             shift_ms = 0.0 if part is None else float(part[0])  # this process's first intended send

@@ -9,7 +9,7 @@ with offered, achieved and p99 columns (the simulator's too).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 import pandas as pd
@@ -126,7 +126,7 @@ async def sweep_rates(
     number("min_done_fraction", min_done_fraction, min=0, max=1, min_open=True)
     timeout = request_timeout_s if request_timeout_s is not None else max(0.5, 5 * limit / 1000.0)
     alive = list(targets)
-    rows = []
+    rows: list[dict[str, object]] = []
     for rate in sorted(float(r) for r in rates_rps):
         for name in list(alive):
             for attempt in range(1, retries + 2):
@@ -141,18 +141,26 @@ async def sweep_rates(
                         seed=seed + attempt - 1,
                         request_timeout_s=timeout,
                     )
-                row = {"target": name, "attempt": attempt, **result.summary()}
+                summary = result.summary()
                 req = result.requests
                 in_time = req["ok"] & (
                     req["scheduled_ms"] + req["latency_ms"] <= req["scheduled_ms"].max() + limit
                 )
-                row["done_in_time"] = float(in_time.mean())
-                row["met_slo"] = bool(row["errors"] == 0 and row["p99_ms"] <= limit)
-                rows.append(row)
-                hiccup = row["errors"] == 0 and row["done_in_time"] >= min_done_fraction
-                if row["met_slo"] or not hiccup:  # overloaded: trying again would only repeat it
+                done_in_time = float(in_time.mean())
+                met_slo = bool(summary["errors"] == 0 and summary["p99_ms"] <= limit)
+                rows.append(
+                    {
+                        "target": name,
+                        "attempt": attempt,
+                        **summary,
+                        "done_in_time": done_in_time,
+                        "met_slo": met_slo,
+                    }
+                )
+                hiccup = summary["errors"] == 0 and done_in_time >= min_done_fraction
+                if met_slo or not hiccup:  # overloaded: trying again would only repeat it
                     break
-            if not row["met_slo"]:
+            if not met_slo:
                 alive.remove(name)
         if not alive:
             break
@@ -189,23 +197,26 @@ def capacity_table(sweep: pd.DataFrame, *, baseline: str | Sequence[str]) -> pd.
     non_empty("baseline", baselines)
     for name in baselines:
         one_of("baseline", name, sorted(set(sweep["target"])))
-    rows = {}
-    for name, runs in sweep.groupby("target", sort=False):
+    rows: dict[Hashable, dict[str, float]] = {}
+    for target, runs in sweep.groupby("target", sort=False):
         good = runs[runs["met_slo"]]
         bad = runs[~runs["met_slo"] & ~runs["rate_rps"].isin(good["rate_rps"])]  # no try at that rate met
-        best = good.loc[good["rate_rps"].idxmax()] if len(good) else None
-        rows[name] = {
-            "sustained_rps": float(best["rate_rps"]) if best is not None else 0.0,
-            "offered_rps": float(best["offered_rps"]) if best is not None else math.nan,
-            "achieved_rps": float(best["achieved_rps"]) if best is not None else math.nan,
-            "p99_ms": float(best["p99_ms"]) if best is not None else math.nan,
-            "mean_batch_size": float(best.get("mean_batch_size", math.nan)) if best is not None else math.nan,
+        best_run = good.iloc[good["rate_rps"].argmax()] if len(good) else None
+        rows[target] = {
+            "sustained_rps": float(best_run["rate_rps"]) if best_run is not None else 0.0,
+            "offered_rps": float(best_run["offered_rps"]) if best_run is not None else math.nan,
+            "achieved_rps": float(best_run["achieved_rps"]) if best_run is not None else math.nan,
+            "p99_ms": float(best_run["p99_ms"]) if best_run is not None else math.nan,
+            "mean_batch_size": float(best_run.get("mean_batch_size", math.nan))
+            if best_run is not None
+            else math.nan,
             "first_failed_rps": float(bad["rate_rps"].min()) if len(bad) else math.nan,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "target"
-    best = max(baselines, key=lambda name: table.loc[name, "sustained_rps"])
-    base = table.loc[best, "sustained_rps"]
+    sustained = table["sustained_rps"]
+    best = max(baselines, key=lambda name: sustained.loc[name])
+    base = sustained.loc[best]
     table["gain"] = table["sustained_rps"] / base if base > 0 else math.nan
     table.attrs["baseline"] = best
     return table

@@ -128,11 +128,13 @@ def compile_trees(
     try:
         booster = xgb.Booster()
         booster.load_model(bytearray(booster_raw))
+        compiler = c_compiler()
+        assert compiler is not None  # compiled_trees_unavailable() found one
         try:
             with _captured_native_output() as log:
                 tl2cgen.export_lib(
                     treelite.frontend.from_xgboost(booster),
-                    toolchain=c_compiler(),
+                    toolchain=compiler,
                     libpath=str(work / library.name),
                     params={"parallel_comp": _PARALLEL_UNITS},
                     nthread=usable_cores(),

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 from distributed import Client, LocalCluster
@@ -40,6 +41,9 @@ from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, score_chunk
 from course_lib.offline.job import claim_output_dir
 from course_lib.offline.scorers import RUNTIMES, ScorerSpec, scorer_spec
 from course_lib.offline.store import ChunkPlan, plan_chunks
+
+if TYPE_CHECKING:
+    from course_lib.churn.model import ChurnModel
 
 __all__ = ["DaskJobSummary", "local_cluster", "score_on_dask"]
 
@@ -101,7 +105,7 @@ def _row_group_rows(path: Path) -> int:
 def score_on_dask(
     source: str | Path,
     out_dir: str | Path,
-    model: object,
+    model: ChurnModel,
     *,
     client: Client,
     runtime: str = "xgboost",

@@ -43,6 +43,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
@@ -59,6 +60,9 @@ from course_lib.offline.store import (
     read_chunk,
 )
 from course_lib.offline.workers import run_chunks, warm_up_workers
+
+if TYPE_CHECKING:
+    from course_lib.churn.model import ChurnModel
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
@@ -195,7 +199,7 @@ def _resumed_rows(task: ChunkTask) -> tuple[int, int]:
 def score_store(
     source: str | Path,
     out_dir: str | Path,
-    model: object,
+    model: ChurnModel,
     *,
     runtime: str = "xgboost",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,

@@ -22,6 +22,7 @@ Apache Arrow, "Dictionary-encoded layout"; pyarrow documentation, ``DictionaryAr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ import pyarrow.compute as pc
 
 from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, ID_COLUMN
 from course_lib.churn.schema import NUMERIC_SCHEMA
+
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
 
 __all__ = ["CheckedRows", "Encoding", "check_rows", "encode_rows", "row_problems"]
 
@@ -58,7 +62,7 @@ class Encoding:
         return sum(len(levels) for _, levels in self.categorical) + len(self.numeric)
 
     @classmethod
-    def from_pipeline(cls, pipeline: object) -> Encoding:
+    def from_pipeline(cls, pipeline: Pipeline) -> Encoding:
         """Read the encoding off a fitted ``make_xgb_pipeline`` (its ``OneHotEncoder`` and passthrough).
 
         Raises ``ValueError`` if the pipeline's one-hot categories hold a level outside
@@ -187,7 +191,8 @@ def check_rows(table: pa.Table) -> CheckedRows:
     ids = _plain(table.column(ID_COLUMN))
     if not _is_text(ids.type):
         ids = pc.cast(ids, pa.string())
-    checks: list[tuple[np.ndarray, object]] = []  # (bad mask, reason: str or (column, rule, array))
+    # (bad mask, reason: str or (column, rule, array))
+    checks: list[tuple[np.ndarray, str | tuple[str, str, pa.Array]]] = []
     if ids.null_count:
         checks.append((ids.is_null().to_numpy(zero_copy_only=False), f"{ID_COLUMN} is missing"))
     checks.append((_repeated(ids), f"{ID_COLUMN} appears earlier in the same chunk"))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,12 @@ from course_lib.core.bench import compare_latency
 from course_lib.core.checks import integer, one_of
 from course_lib.offline.compiled import compile_trees, compiled_trees_unavailable, trees_predictor
 from course_lib.offline.rows import Encoding, check_rows, encode_rows, row_problems
+
+if TYPE_CHECKING:
+    import xgboost as xgb
+    from sklearn.pipeline import Pipeline
+
+    from course_lib.churn.model import ChurnModel
 
 __all__ = [
     "RUNTIMES",
@@ -87,7 +94,7 @@ class ScorerSpec:
             import xgboost as xgb  # noqa: PLC0415 (heavy optional dependency)
 
             booster = xgb.Booster()
-            booster.load_model(bytearray(self.artifact))
+            booster.load_model(bytearray(cast(bytes, self.artifact)))
             booster.set_param({"nthread": self.threads})
 
             def score(X: np.ndarray) -> np.ndarray:
@@ -99,13 +106,13 @@ class ScorerSpec:
             # onnx, ONNX Runtime and scikit-learn: only for this runtime
             from course_lib.churn.export import make_session  # noqa: PLC0415 (heavy optional dependency)
 
-            session = make_session(bytes(self.artifact), intra_op_num_threads=self.threads)
+            session = make_session(bytes(cast(bytes, self.artifact)), intra_op_num_threads=self.threads)
             name = session.get_inputs()[0].name
             return lambda X: np.asarray(session.run(["probabilities"], {name: X})[0][:, 1], dtype=np.float64)
-        return trees_predictor(self.artifact, threads=self.threads)
+        return trees_predictor(cast(str, self.artifact), threads=self.threads)
 
 
-def _served_booster(pipeline: object) -> object:
+def _served_booster(pipeline: Pipeline) -> xgb.Booster:
     """The trees ``predict_proba`` uses: up to the best iteration of an early-stopped model, else all."""
     booster = pipeline[-1].get_booster()
     try:
@@ -120,7 +127,7 @@ def runtime_unavailable(runtime: str) -> str | None:
     return compiled_trees_unavailable() if runtime == "treelite" else None
 
 
-def scorer_spec(model: object, runtime: str, *, threads: int = 1) -> ScorerSpec:
+def scorer_spec(model: ChurnModel, runtime: str, *, threads: int = 1) -> ScorerSpec:
     """Prepare ``runtime``'s form of ``model`` (a :class:`course_lib.churn.model.ChurnModel`).
 
     Converting to ONNX takes about a second; compiling the trees takes seconds the first time for a
@@ -163,7 +170,7 @@ def _encoded(sample: pd.DataFrame | pa.Table, encoding: Encoding) -> np.ndarray:
     return encode_rows(checked, encoding)
 
 
-def make_scorer(model: object, runtime: str, *, threads: int = 1) -> Callable[[pd.DataFrame], np.ndarray]:
+def make_scorer(model: ChurnModel, runtime: str, *, threads: int = 1) -> Callable[[pd.DataFrame], np.ndarray]:
     """A function ``DataFrame of the 19 features -> churn probabilities (float64, shape (n,))``.
 
     Checks and encodes the rows as the batch job does, then scores them with ``runtime``. Raises
@@ -175,7 +182,7 @@ def make_scorer(model: object, runtime: str, *, threads: int = 1) -> Callable[[p
 
 
 def choose_runtime(
-    model: object, sample: pd.DataFrame | pa.Table, *, rounds: int = 3, threads: int = 1
+    model: ChurnModel, sample: pd.DataFrame | pa.Table, *, rounds: int = 3, threads: int = 1
 ) -> tuple[str, pd.DataFrame]:
     """Time every available runtime model-only on ``sample`` (one chunk, encoded once), side by side.
 
@@ -197,8 +204,13 @@ def choose_runtime(
     X = _encoded(sample, specs["xgboost"].encoding)
     scorers = {r: s.build() for r, s in specs.items()}
     reference = scorers["xgboost"](X)
+
+    def on_sample(f: Callable[[np.ndarray], np.ndarray]) -> Callable[[], object]:
+        return lambda: f(X)
+
+    calls = {r: on_sample(f) for r, f in scorers.items()}
     table = compare_latency(
-        {r: (lambda f=f: f(X)) for r, f in scorers.items()},
+        calls,
         n_calls=1,
         rounds=rounds,
         warmup_calls=1,

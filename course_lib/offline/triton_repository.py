@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import onnx
 from google.protobuf import text_format
@@ -45,9 +46,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from course_lib.core._io import atomic_write_bytes
 from course_lib.core.checks import integer, integers
 
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
+
 __all__ = ["export_triton_repository", "fil_config", "onnx_config", "parse_config"]
 
-_ONNX_TO_TRITON = {
+_ONNX_TO_TRITON: dict[int, int] = {
     onnx.TensorProto.FLOAT: mc.TYPE_FP32,
     onnx.TensorProto.DOUBLE: mc.TYPE_FP64,
     onnx.TensorProto.INT64: mc.TYPE_INT64,
@@ -150,8 +154,18 @@ def _write(path: Path, data: bytes) -> None:
     atomic_write_bytes(path, data)
 
 
+class _Batching(TypedDict, total=False):
+    """The ``onnx_config`` options ``export_triton_repository`` passes on."""
+
+    max_batch_size: int
+    preferred_batch_sizes: Sequence[int]
+    max_queue_delay_us: int
+    instance_count: int
+    gpu: bool
+
+
 def export_triton_repository(
-    repository: str | Path, onnx_model: onnx.ModelProto, pipeline: object, **batching: object
+    repository: str | Path, onnx_model: onnx.ModelProto, pipeline: Pipeline, **batching: Unpack[_Batching]
 ) -> dict[str, Path]:
     """Write ``churn`` (ONNX) and ``churn_fil`` (XGBoost JSON) into ``repository``; return the config paths.
 

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TypedDict
 
 from course_lib.core._process import exit_with_parent
 from course_lib.core.checks import integer
@@ -83,9 +84,16 @@ def worker_pool(processes: int) -> ProcessPoolExecutor:
     )
 
 
+class PoolStats(TypedDict):
+    """What ``run_chunks`` reports about its worker processes."""
+
+    worker_processes: int
+    first_worker_result_s: float
+
+
 def run_chunks(
     tasks: Sequence[ChunkTask], *, workers: int, on_result: Callable[[ChunkResult], None]
-) -> dict[str, float]:
+) -> PoolStats:
     """Score every task, ``workers`` at a time (this process included); call ``on_result`` for each.
 
     Parameters
@@ -118,7 +126,8 @@ def run_chunks(
         while todo:
             on_result(score_chunk(todo.popleft()))
         return {"worker_processes": 0, "first_worker_result_s": float("nan")}
-    lock, done = threading.Lock(), queue.SimpleQueue()
+    lock = threading.Lock()
+    done: queue.SimpleQueue[Future[ChunkResult]] = queue.SimpleQueue()
     state = {"outstanding": 0, "stop": False, "first": float("nan")}
     pool = worker_pool(extra)
 
@@ -153,8 +162,9 @@ def run_chunks(
                 return
             with lock:
                 state["outstanding"] -= 1
-            if future.exception() is not None:
-                raise future.exception()
+            error = future.exception()
+            if error is not None:
+                raise error
             if math.isnan(state["first"]):
                 state["first"] = time.perf_counter() - start
             on_result(future.result())

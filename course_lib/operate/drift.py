@@ -53,17 +53,19 @@ def _shares(reference: pd.Series, current: pd.Series, bins: int) -> tuple[np.nda
         e = ref.value_counts().reindex(levels, fill_value=0).to_numpy(float)
         a = cur.value_counts().reindex(levels, fill_value=0).to_numpy(float)
     else:
-        ref, cur = reference.to_numpy(float), current.to_numpy(float)
-        finite = ref[~np.isnan(ref)]
-        edges = np.unique(np.quantile(finite, np.linspace(0, 1, bins + 1)[1:-1])) if finite.size else []
+        ref_x, cur_x = reference.to_numpy(float), current.to_numpy(float)
+        finite = ref_x[~np.isnan(ref_x)]
+        edges: np.ndarray | list[float] = (
+            np.unique(np.quantile(finite, np.linspace(0, 1, bins + 1)[1:-1])) if finite.size else []
+        )
         e = np.append(
             np.bincount(np.searchsorted(edges, finite, side="right"), minlength=len(edges) + 1),
-            np.isnan(ref).sum(),
+            np.isnan(ref_x).sum(),
         )
-        cur_f = cur[~np.isnan(cur)]
+        cur_f = cur_x[~np.isnan(cur_x)]
         a = np.append(
             np.bincount(np.searchsorted(edges, cur_f, side="right"), minlength=len(edges) + 1),
-            np.isnan(cur).sum(),
+            np.isnan(cur_x).sum(),
         )
     return e / e.sum(), a / a.sum()
 

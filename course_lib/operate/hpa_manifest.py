@@ -25,7 +25,7 @@ several metrics the HPA takes the largest desired replica count).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import pydantic
 import yaml
@@ -160,7 +160,7 @@ _TARGET_FIELD = {"Utilization": "averageUtilization", "Value": "value", "Average
 _QUANTITY = re.compile(r"^[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     """A YAML integer (the manifest's own values, not a function argument)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -188,7 +188,9 @@ def _metric_errors(i: int, metric: object) -> list[str]:
             f"{where}: Resource metrics come from metrics-server, which serves cpu and memory only; "
             f"{source.get('name')!r} needs a custom or external metrics adapter (a Pods/Object/External metric)"
         )
-    target = source.get("target") if isinstance(source.get("target"), dict) else {}
+    target = source.get("target")
+    if not isinstance(target, dict):
+        target = {}
     ttype = target.get("type")
     if ttype not in _TARGETS_FOR_SOURCE[kind]:
         return [
@@ -254,7 +256,9 @@ def _semantic_errors(doc: dict[str, Any]) -> list[str]:
         errors.append(f"apiVersion: must be 'autoscaling/v2', got {doc.get('apiVersion')!r}")
     if doc.get("kind") != "HorizontalPodAutoscaler":
         errors.append(f"kind: must be 'HorizontalPodAutoscaler', got {doc.get('kind')!r}")
-    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    spec = doc.get("spec")
+    if not isinstance(spec, dict):
+        spec = {}
     lo, hi = spec.get("minReplicas", 1), spec.get("maxReplicas")
     if _is_int(lo) and _is_int(hi) and not 1 <= lo <= hi:
         errors.append(f"spec: need 1 <= minReplicas <= maxReplicas, got {lo} and {hi}")
@@ -263,7 +267,9 @@ def _semantic_errors(doc: dict[str, Any]) -> list[str]:
         return [*errors, f"spec.metrics: must be a list, got {metrics!r}"]
     for i, metric in enumerate(metrics):
         errors += _metric_errors(i, metric)
-    behavior = spec.get("behavior") if isinstance(spec.get("behavior"), dict) else {}
+    behavior = spec.get("behavior")
+    if not isinstance(behavior, dict):
+        behavior = {}
     for direction in ("scaleUp", "scaleDown"):
         errors += _behavior_errors(direction, behavior.get(direction))
     return errors

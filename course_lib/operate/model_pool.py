@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -168,7 +168,7 @@ def pool_plan(
 
 
 def noisy_neighbour(
-    score_one: object,
+    score_one: Callable[[], object],
     model_path: str | Path,
     *,
     calls_per_block: int = 2000,
@@ -207,14 +207,14 @@ def noisy_neighbour(
         "beside a batch job (all cores, normal priority)": ("0", str(os.cpu_count() or 1)),
         "beside a batch job (nice 19, 1 thread)": ("19", "1"),
     }
-    procs = {}
+    procs: dict[str, subprocess.Popen] = {}
     samples: dict[str, list[np.ndarray]] = {"alone": [], **{name: [] for name in jobs}}
     try:
         for name, (nice, threads) in jobs.items():
             args = ["batch-job", "--model", str(model_path), "--rows", str(batch_rows)]
             procs[name] = _start_batch_job([*args, "--threads", threads, "--nice", nice])
-        for proc in procs.values():
-            proc.send_signal(signal.SIGSTOP)
+        for job in procs.values():
+            job.send_signal(signal.SIGSTOP)
         time_calls_ns(score_one, calls_per_block)  # warm-up, excluded
         for r in range(rounds):
             for name in round_order(list(samples), r):
@@ -251,7 +251,13 @@ def _start_batch_job(args: list[str]) -> subprocess.Popen:
     child = start_child(_command(*args), name="batch job", stdout=subprocess.PIPE)
     proc = child.popen
     ready = threading.Event()
-    threading.Thread(target=lambda: (proc.stdout.readline(), ready.set()), daemon=True).start()
+
+    def read_ready_line() -> None:
+        assert proc.stdout is not None  # started with stdout=PIPE
+        proc.stdout.readline()
+        ready.set()
+
+    threading.Thread(target=read_ready_line, daemon=True).start()
     wait_until(
         lambda: ready.is_set() or proc.poll() is not None, timeout_s=120, what="the batch job to start"
     )

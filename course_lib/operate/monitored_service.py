@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -215,7 +215,7 @@ class ShadowScorer:
 
     def _drain(self) -> None:
         while True:
-            items = []
+            items: list[tuple[str, str, bytes]] = []
             while len(items) < self.max_batch:
                 try:
                     items.append(self._queue.get_nowait())
@@ -224,8 +224,8 @@ class ShadowScorer:
             if not items:
                 return
             started = time.perf_counter()
-            try:
-                scores = self.forward([self.lookup(cid) for cid, _, _ in items])
+            try:  # an unknown customer's None record makes forward raise: counted as failed below
+                scores = self.forward(cast(list[dict[str, object]], [self.lookup(c) for c, _, _ in items]))
             except Exception:  # a failing shadow model must never affect the service
                 self.failed += len(items)
                 if self.metrics:
@@ -380,8 +380,8 @@ def create_monitored_app(service: VersionedChurnService) -> FastAPI:
         try:
             _, result = service.handle(body)
         except Exception as exc:  # a failing stage must not take the server down
-            err = RequestError(500, "internal_error", f"scoring failed ({type(exc).__name__})")
-            return Response(err.body(), status_code=500, media_type="application/json")
+            failure = RequestError(500, "internal_error", f"scoring failed ({type(exc).__name__})")
+            return Response(failure.body(), status_code=500, media_type="application/json")
         return Response(result.body, status_code=result.status_code, headers=result.headers)
 
     @app.get("/metrics")

@@ -235,8 +235,8 @@ def scraped_buckets(text: str, name: str, **labels: str) -> list[Bucket]:
 
 
 def extrapolated_rate(
-    times_s: Sequence[float],
-    values: Sequence[float],
+    times_s: Sequence[float] | np.ndarray,
+    values: Sequence[float] | np.ndarray,
     at_s: float,
     range_s: float,
     *,

@@ -58,7 +58,7 @@ def _selector(name: str, labels: Mapping[str, str]) -> str:
 def promtool_test_file(
     incident: IncidentSeries,
     rule_file: str,
-    check_times_s: Sequence[float],
+    check_times_s: Sequence[float] | np.ndarray,
     rules: Sequence[AlertRule] = RULES,
 ) -> str:
     """A ``promtool test rules`` file asserting the Python timeline at ``check_times_s``.

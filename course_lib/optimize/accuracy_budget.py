@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -93,6 +94,12 @@ def slice_auc_drops(
     return table
 
 
+def _overall(df: pd.DataFrame, p_churn: np.ndarray) -> pd.Series:
+    """The ("all", "all") row of ``metrics_by_slice``: the metrics over every customer."""
+    # a row of the (slice, level) MultiIndex; pandas-stubs read a tuple key as (row, column), a scalar
+    return cast(pd.Series, metrics_by_slice(df, p_churn).loc[("all", "all")])
+
+
 def budget_verdicts(
     df: pd.DataFrame,
     p_reference: np.ndarray,
@@ -122,12 +129,12 @@ def budget_verdicts(
     """
     instance_of("budget", budget, AccuracyBudget)
     drops = slice_auc_drops(df, p_reference, candidates)
-    ref_all = metrics_by_slice(df, p_reference).loc[("all", "all")]
+    ref_all = _overall(df, p_reference)
     rows = {}
     for name, p in candidates.items():
-        overall = metrics_by_slice(df, p).loc[("all", "all")]
+        overall = _overall(df, p)
         col = drops[name]
-        worst = col.idxmax() if col.notna().any() else ("-", "-")
+        worst = cast(tuple[str, str], col.idxmax()) if col.notna().any() else ("-", "-")  # (slice, level)
         ll_increase = float(overall["log_loss"] - ref_all["log_loss"])
         max_drop = float(col.max())
         rows[name] = {

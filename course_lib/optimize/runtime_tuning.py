@@ -228,7 +228,7 @@ def _oversubscription_worker(model, feeds, threads, n_calls, warmup_calls, barri
     results.put((samples, time.perf_counter_ns() - start))
 
 
-def _worker_context() -> mp.context.BaseContext:
+def _worker_context() -> mp.context.ForkServerContext | mp.context.SpawnContext:
     """A fork server that has imported this module once (fast, clean children), else ``spawn``."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
@@ -292,7 +292,7 @@ def oversubscription_table(
     source = str(model) if isinstance(model, Path) else model
     ctx = _worker_context()
     cores = usable_cores()
-    keys = [tuple(c) for c in configs]
+    keys = [(n_proc, threads) for n_proc, threads in configs]
     per_repeat: dict[tuple[int, int], list[dict[str, float]]] = {k: [] for k in keys}
     merged: dict[tuple[int, int], list[np.ndarray]] = {k: [] for k in keys}
     for r in range(repeats):
@@ -351,7 +351,7 @@ def oversubscription_ratio(
 
 
 def _run_config(
-    ctx: mp.context.BaseContext,
+    ctx: mp.context.ForkServerContext | mp.context.SpawnContext,
     source: object,
     feeds: Mapping[str, np.ndarray],
     n_proc: int,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack, cast
 
 import numpy as np
 import pandas as pd
@@ -69,6 +70,15 @@ def load_scorers(paths: Mapping[str, str | Path]) -> dict[str, OnnxChurnScorer]:
             raise FileNotFoundError(f"variant {name!r}: ONNX file not found: {path}")
         scorers[name] = OnnxChurnScorer(make_session(path))
     return scorers
+
+
+class _LatencyOptions(TypedDict, total=False):
+    """The timing options ``variant_scorecard`` passes on to ``variant_latency``."""
+
+    n_calls: Mapping[int, int] | None
+    rounds: int
+    warmup_calls: int
+    confidence: float | None
 
 
 def variant_latency(
@@ -147,8 +157,9 @@ def extreme_mates(X: pd.DataFrame) -> pd.DataFrame:
     non_empty("X", X)
     high, low = X.iloc[[0]].copy(), X.iloc[[0]].copy()
     for name, spec in NUMERIC_SCHEMA.items():
-        high[name] = np.asarray([spec.high]).astype(X[name].dtype)
-        low[name] = np.asarray([spec.low]).astype(X[name].dtype)
+        dtype = cast(np.dtype, X[name].dtype)  # a numeric feature: a NumPy dtype, not an ExtensionDtype
+        high[name] = np.asarray([spec.high]).astype(dtype)
+        low[name] = np.asarray([spec.low]).astype(dtype)
     return pd.concat([high, low], ignore_index=True)
 
 
@@ -250,7 +261,7 @@ def variant_scorecard(
     reference: str | None = None,
     batch_sizes: Sequence[int] | None = (1, 1024),
     batch_check_seed: int = 0,
-    **latency_options: object,
+    **latency_options: Unpack[_LatencyOptions],
 ) -> pd.DataFrame:
     """Size, accuracy-versus-budget, batch independence and (optionally) latency of every variant in one table.
 
@@ -289,7 +300,7 @@ def variant_scorecard(
             "file_bytes": {n: Path(p).stat().st_size for n, p in paths.items()},
         }
     )
-    table["size_vs_reference"] = table["file_bytes"] / table.loc[ref, "file_bytes"]
+    table["size_vs_reference"] = table["file_bytes"] / table["file_bytes"].loc[ref]
     verdicts = budget_verdicts(df, probs[ref], probs, budget)
     table = table.join(verdicts)
     table["max_abs_diff"] = {n: float(np.max(np.abs(p - probs[ref]))) for n, p in probs.items()}

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -76,7 +76,7 @@ class HedgeStats:
     failed_calls: int = 0
     shed_calls: int = 0
 
-    def failed(self, error: BaseException | None) -> BaseException | None:
+    def failed(self, error: BaseException) -> BaseException:
         """Count one failed call (and whether it was shed); returns ``error``."""
         self.failed_calls += 1
         if isinstance(error, HttpStatusError) and error.shed:
@@ -172,7 +172,7 @@ async def hedged(
                     primary=primary,
                 )
             if first in done:  # failed before the hedge delay: the hedge is the only hope left
-                errors.append(stats.failed(first.exception()))
+                errors.append(stats.failed(cast(BaseException, first.exception())))  # done, not a success
             second_index = (primary + 1) % len(replicas)
             second = asyncio.ensure_future(call(replicas[second_index]))
             owner[second] = second_index
@@ -193,7 +193,7 @@ async def hedged(
                         latency_ms=1000 * (time.perf_counter() - start),
                         primary=primary,
                     )
-                errors.append(stats.failed(task.exception()))
+                errors.append(stats.failed(cast(BaseException, task.exception())))  # done, not a success
         raise errors[0]
     finally:
         await _cancel_and_wait(pending, stats)

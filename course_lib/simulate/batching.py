@@ -28,6 +28,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -123,7 +124,7 @@ class BatchingResult:
         """One row for a sweep table: rates, batch sizes, latency percentiles and utilisation."""
         lat = self.latency_percentiles_ms()
         span_ms = float(self.requests["completion_ms"].max() - self.requests["arrival_ms"].min())
-        instances = int(self.params.get("instances", 1))
+        instances = int(cast(int, self.params.get("instances", 1)))  # simulate_batching stores an int
         busy_ms = float(self.batches["service_ms"].sum())
         row = {
             "n_requests": len(self.requests),

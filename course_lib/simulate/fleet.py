@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -239,7 +240,8 @@ def simulate_day(cfg: FleetConfig, arrivals: np.ndarray) -> DayResult:
     s["arrivals"] = arrivals.astype(np.int64).tolist()
     appends = [s[k].append for k in keys]
     hpa = HPA(cfg.min_replicas, cfg.max_replicas, [cfg.target], cfg.scale_up, cfg.scale_down)
-    ready, pending = cfg.min_replicas, []  # ready replicas; seconds at which the starting ones become ready
+    ready = cfg.min_replicas  # ready replicas
+    pending: list[int] = []  # seconds at which the starting ones become ready
     backlog, cap = 0, cfg.capacity_rps
     queue_limit = cfg.queue_limit_s * cap
     for t, a in enumerate(s["arrivals"]):
@@ -298,6 +300,27 @@ def _per_minute(cfg: FleetConfig, s: dict[str, np.ndarray]) -> pd.DataFrame:
     )
 
 
-def with_changes(cfg: FleetConfig, **changes: object) -> FleetConfig:
+class _FleetChanges(TypedDict, total=False):
+    """The fields of ``FleetConfig``, any of which ``with_changes`` may change."""
+
+    signal: str
+    target: float
+    min_replicas: int
+    max_replicas: int
+    capacity_rps: float
+    startup_s: int
+    sync_period_s: int
+    metric_window_s: int
+    cpu_window_s: int
+    queue_limit_s: float
+    slo_p99_ms: float
+    max_shed_fraction: float
+    price_per_replica_hour: float
+    currency: str
+    scale_up: ScalingRules
+    scale_down: ScalingRules
+
+
+def with_changes(cfg: FleetConfig, **changes: Unpack[_FleetChanges]) -> FleetConfig:
     """A copy of ``cfg`` with some fields changed (validated again)."""
     return replace(cfg, **changes)

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from course_lib.core.bench import round_order
+from course_lib.core.bench import Order, round_order
 from course_lib.core.checks import InvalidArgumentError, integer, non_empty, positive_number
 from course_lib.core.intervals import RatioInterval, ratio_interval_from_values
 from course_lib.core.percentiles import percentile
@@ -120,7 +120,7 @@ async def run_hedging_rounds(
     n_requests: int,
     rate_rps: float,
     seed: int,
-    order: str = "rotate",
+    order: Order = "rotate",
     max_duration_s: float = 60.0,
 ) -> HedgingRounds:
     """Every hedge setting once per round, in rotated order, on the same seeded traffic within a round.

@@ -15,21 +15,26 @@ XGBoost documentation, "Prediction" (``inplace_predict``, ``iteration_range``, `
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xgboost
 
 from course_lib.churn.data import make_customers
 from course_lib.churn.export import OnnxChurnScorer, make_session
-from course_lib.churn.model import features
+from course_lib.churn.model import ChurnModel, features
 from course_lib.churn.pruning import served_rounds
 from course_lib.core.checks import non_empty, one_of
 from course_lib.measure.throughput._measure import Candidate
 
+if TYPE_CHECKING:
+    import onnx
+
 
 def churn_candidates(
-    churn_model: object,
-    onnx_model: object,
+    churn_model: ChurnModel,
+    onnx_model: onnx.ModelProto | bytes | str | Path,
     *,
     runtimes: Sequence[str] = ("onnxruntime", "xgboost"),
     device: str = "cpu",
@@ -111,7 +116,7 @@ def churn_candidates(
         booster.set_param({"nthread": 1, "device": device})
         served = (0, served_rounds(pipeline.named_steps["xgb"]))
 
-        def xgb_call(batch: int, booster: object = booster) -> Callable[[], object]:
+        def xgb_call(batch: int, booster: xgboost.Booster = booster) -> Callable[[], object]:
             part = matrix[:batch]
             return lambda: booster.inplace_predict(part, iteration_range=served)
 

@@ -44,6 +44,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -60,6 +61,9 @@ from course_lib.core.checks import (
     positive_number,
 )
 from course_lib.core.percentiles import percentile
+
+if TYPE_CHECKING:
+    import onnx
 
 SCHEMA = "course_lib.measure.throughput._measure/1"
 #: Recorded measurements: ``cpu_throughput.json`` (measured on the course machine) and, once recorded on a
@@ -212,7 +216,7 @@ def rps_at_p99_limit(
         bound_ms = wait_factor * part[p99_column] / 1e3
         ok = part[bound_ms <= p99_limit_ms]
         single = part.loc[part["batch_size"] == 1, "rps_at_full_use"]
-        best = ok.loc[ok["rps_at_full_use"].idxmax()] if len(ok) else None
+        best = ok.iloc[ok["rps_at_full_use"].argmax()] if len(ok) else None
         rows[name] = {
             "batch_size": float(best["batch_size"]) if best is not None else math.nan,
             "p99_call_ms": float(best[p99_column]) / 1e3 if best is not None else math.nan,
@@ -226,7 +230,7 @@ def rps_at_p99_limit(
 
 
 def onnx_node_placement(
-    model: object, providers: Sequence[str], feeds: dict[str, np.ndarray]
+    model: onnx.ModelProto | bytes, providers: Sequence[str], feeds: dict[str, np.ndarray]
 ) -> dict[str, int]:
     """How many graph nodes each execution provider ran, from one profiled ``InferenceSession.run``.
 

@@ -22,7 +22,7 @@ import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import numpy as np
@@ -49,7 +49,14 @@ from course_lib.serving.profiling import parse_server_timing
 from course_lib.serving.server import DEFAULTS, run_processes
 
 PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP = "prototype", "production", "null endpoint (floor)"
-_C = {"forward": "loop", "workers": 1}
+
+
+class _Common(TypedDict):
+    forward: str
+    workers: int
+
+
+_C: _Common = {"forward": "loop", "workers": 1}
 #: The servers the steps run on: ``None`` is the prototype (``serve_churn``), else a production config.
 SERVERS: dict[str, ProductionConfig | None] = {
     "prototype": None,
@@ -267,7 +274,7 @@ def run_waterfall(
         pool = stack.enter_context(GeneratorPool(n_generators))
         with serve_null(lifetime_s=120) as null_url:
             gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
-        commands = {k: production_command(servers[k], server_cfg) for k in needed if servers[k] is not None}
+        commands = {k: production_command(cfg, server_cfg) for k in needed if (cfg := servers[k]) is not None}
         urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
         if "prototype" in needed:
             urls["prototype"] = stack.enter_context(

@@ -32,7 +32,7 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -188,7 +188,8 @@ def knees(runs: pd.DataFrame) -> pd.DataFrame:
     ``first_fail_rps`` (the rung that missed every try; NaN if none did: the ladder ended first) and
     ``generator_bound`` (that rung missed because the generator fell behind, not the server)."""
     out = []
-    for (repeat, step), runs_ in runs.groupby(["repeat", "step"], sort=False):
+    for key, runs_ in runs.groupby(["repeat", "step"], sort=False):
+        repeat, step = cast(tuple[int, str], key)  # the two group columns
         by_rate = runs_.groupby("rate_rps", sort=True)
         met = by_rate["met"].any()
         failed = met.index[~met.to_numpy()]
@@ -297,11 +298,11 @@ def floor_model(table: pd.DataFrame, *, service: str, floor: str, workers: int) 
     """
     n = integer("workers", workers, min=1)
     floor_rps, service_rps = (
-        float(table.loc[floor, "median_knee_rps"]),
-        float(table.loc[service, "median_knee_rps"]),
+        float(table["median_knee_rps"].loc[floor]),
+        float(table["median_knee_rps"].loc[service]),
     )
     stack_ms = 1000.0 * n / floor_rps if floor_rps > 0 else math.nan
-    work_ms = float(table.loc[service, "handle_ms"])
+    work_ms = float(table["handle_ms"].loc[service])
     return {
         "floor_rps": floor_rps,
         "service_rps": service_rps,

@@ -68,7 +68,9 @@ def _plain(value: Any) -> Any:
 
 def table_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
     """A table indexed by name as JSON-ready rows ``{"name": ..., column: value, ...}`` (NaN/inf -> None)."""
-    return [{"name": str(name), **{k: _plain(v) for k, v in row.items()}} for name, row in table.iterrows()]
+    return [
+        {"name": str(name), **{str(k): _plain(v) for k, v in row.items()}} for name, row in table.iterrows()
+    ]
 
 
 def table_from_rows(rows: list[dict[str, Any]], numeric: tuple[str, ...]) -> pd.DataFrame:

@@ -46,7 +46,8 @@ def load_model_proto(model: onnx.ModelProto | str | Path, name: str = "model") -
     FileNotFoundError
         If the path does not exist.
     """
-    if isinstance(instance_of(name, model, (onnx.ModelProto, str, Path)), onnx.ModelProto):
+    model = instance_of(name, model, (onnx.ModelProto, str, Path))
+    if isinstance(model, onnx.ModelProto):
         return model
     path = Path(model)
     if not path.is_file():

@@ -76,6 +76,7 @@ def size_table(n_parameters: int, file_bytes: Mapping[str, int] | None = None) -
         From ``expected_size_bytes``; for a variant name without a known precision prefix, or a
         file size that is not a positive integer.
     """
+    rows: dict[str, dict[str, float]]
     if file_bytes is None:
         rows = {
             p: {

@@ -132,6 +132,7 @@ def make_variant(
             weight_type=QuantType.QInt8,
         )
         return dst_p
+    assert calibration_feeds is not None  # int8-static: checked on entry
     reader = FeedsCalibrationReader(calibration_feeds, batch_size=calibration_batch_size)
     method = {
         "minmax": CalibrationMethod.MinMax,

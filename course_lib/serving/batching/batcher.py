@@ -51,7 +51,7 @@ import asyncio
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from course_lib.core.checks import callable_, integer
 from course_lib.serving.batching._queue import QueueEntry, RequestQueue
@@ -64,6 +64,9 @@ from course_lib.serving.batching._results import (
 )
 from course_lib.serving.batching.rule import check_batching_params, next_batch_size
 from course_lib.serving.server import DEFAULTS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "BatchScoringError",
@@ -119,7 +122,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def __init__(
         self,
-        score_batch: Callable[[list[T]], Sequence[R]],
+        score_batch: Callable[[list[T]], Sequence[R] | np.ndarray],
         *,
         max_batch_size: int,
         max_queue_delay_ms: float,
@@ -268,6 +271,7 @@ class DynamicBatcher(Generic[T, R]):
                 continue
             now_ns = time.perf_counter_ns()
             oldest_ms = self._queue.oldest_arrival_ns / 1e6
+            trigger: str | None
             if self._state != "running":  # draining: flush without waiting
                 size, trigger = min(len(self._queue), self.max_batch_size), "shutdown_drain"
             else:
@@ -304,7 +308,7 @@ class DynamicBatcher(Generic[T, R]):
             batch_id = self._next_batch_id
             self._next_batch_id += 1
             items = [entry.item for entry in entries]
-            values: Sequence[Any] | None = None
+            values: Sequence[Any] | np.ndarray | None = None
             error: BaseException | None = None
             try:
                 if executor is not None:
@@ -340,7 +344,7 @@ class DynamicBatcher(Generic[T, R]):
     def _resolve(
         self,
         entries: list[QueueEntry],
-        values: Sequence[Any] | None,
+        values: Sequence[Any] | np.ndarray | None,
         error: BaseException | None,
         meta: dict[str, Any] | None = None,
     ) -> None:

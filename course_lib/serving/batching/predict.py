@@ -246,7 +246,7 @@ def create_batched_app(
     async def predict_body(body: bytes) -> Response:
         served: list[BatchedResult] = []
 
-        async def batched_forward(records: list[dict[str, object]]) -> list[object]:
+        async def batched_forward(records: list[dict[str, object]]) -> list[float]:
             check_still_wanted()  # the client has not left and the deadline has not passed
             result = await batcher.submit(records[0])
             served.append(result)

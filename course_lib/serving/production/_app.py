@@ -55,6 +55,7 @@ from course_lib.serving.server import DEFAULTS
 from course_lib.serving.service import (
     AppCounters,
     ClientGoneError,
+    Record,
     RequestError,
     ServiceResponse,
     cancel_on_disconnect,
@@ -110,7 +111,7 @@ def create_production_app(
     mode = config.forward
     if mode == "auto":
         mode = "loop" if cost_ms <= OFF_LOOP_ABOVE_MS else "thread"
-    batcher = DynamicBatcher(
+    batcher: DynamicBatcher[Record, float] = DynamicBatcher(
         service.forward,
         max_batch_size=config.max_batch_size,
         max_queue_delay_ms=config.max_queue_delay_ms,

@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from course_lib.core.bench import usable_cores
 from course_lib.core.checks import integer, number, one_of
+
+if TYPE_CHECKING:
+    from course_lib.serving.batching.predict import Runtime
 
 RUNTIMES: tuple[str, ...] = ("onnxruntime", "xgboost")
 FORWARD_MODES: tuple[str, ...] = ("auto", "loop", "thread", "batcher")
@@ -73,7 +76,7 @@ class ProductionConfig:
         For a value outside the allowed ones (a ``ValueError`` and ``TypeError``).
     """
 
-    runtime: str = "onnxruntime"
+    runtime: Runtime = "onnxruntime"
     forward: str = "auto"
     encoder: str = "orjson"
     http: str = "httptools"

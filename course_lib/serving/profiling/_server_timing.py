@@ -39,7 +39,7 @@ def check_metric_name(name: object, *, what: str = "metric name") -> str:
     """
     if type(name) is str and name in _CHECKED:
         return name
-    instance_of(what, name, str)
+    name = instance_of(what, name, str)
     if not _TOKEN.match(name):
         raise InvalidArgumentError(
             f"{what} must be a non-empty token of letters, digits or !#$%&'*+-.^_`|~ "

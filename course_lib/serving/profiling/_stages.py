@@ -54,7 +54,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 
 
 def _check_stage_name(name: object) -> str:
-    check_metric_name(name, what="stage name")
+    name = check_metric_name(name, what="stage name")
     if name == END_TO_END:
         raise InvalidArgumentError(f"stage name {END_TO_END!r} is reserved for the total")
     return name
@@ -84,6 +84,7 @@ class StageTimer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        assert self.start_ns is not None  # __enter__ set it
         self.elapsed_ns = time.perf_counter_ns() - self.start_ns
 
     @property
@@ -163,7 +164,7 @@ class RequestProfile:
             with timer:
                 yield timer
         finally:
-            self.add_stage(name, timer.elapsed_ns / 1e6)
+            self.add_stage(name, timer.elapsed_ms)
 
     @property
     def total_ms(self) -> float:

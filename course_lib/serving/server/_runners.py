@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
 import threading
 import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import uvicorn
 
@@ -60,6 +62,8 @@ from course_lib.serving.server._serve import (
 
 #: Readiness path every course server answers with 200 once it can serve.
 READY_PATH = "/healthz"
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -176,7 +180,7 @@ class ServerURLs(dict):
     """name -> base URL, plus ``processes`` (name -> the first worker's ``subprocess.Popen``) and
     ``workers`` (name -> every worker's ``course_lib.core._process.ChildProcess``)."""
 
-    processes: dict[Hashable, object]
+    processes: dict[Hashable, subprocess.Popen]
     workers: dict[Hashable, list[ChildProcess]]
 
 
@@ -188,7 +192,7 @@ def _read_ready(fd: int) -> bool:
 
 @contextmanager
 def run_processes(
-    commands: Mapping[Hashable, Sequence[str]],
+    commands: Mapping[K, Sequence[str]],
     *,
     startup_timeout_s: float = 90.0,
     ready_path: str = READY_PATH,

@@ -9,7 +9,7 @@ model, so a test double or another runtime with the same methods serves as well.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,8 +25,8 @@ Record = dict[str, object]
 Lookup = Callable[[str], "Record | None"]
 #: The forward stage: n records -> churn probabilities, a float array of shape (n,).
 Forward = Callable[[list[Record]], np.ndarray]
-#: The forward stage for an event loop (e.g. a dynamic batcher's ``submit``).
-AsyncForward = Callable[[list[Record]], Awaitable[np.ndarray]]
+#: The forward stage for an event loop (e.g. a dynamic batcher's ``submit``): n records -> n probabilities.
+AsyncForward = Callable[[list[Record]], Awaitable[Sequence[float] | np.ndarray]]
 
 
 class ProbabilityModel(Protocol):
