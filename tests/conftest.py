@@ -6,6 +6,7 @@ A test that needs Redis, Chromium (with Playwright), promtool or a grading sandb
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -76,25 +77,36 @@ def ids(replica_files):
         return store.sample_ids(200, seed=1)
 
 
-@pytest.fixture(scope="session")
-def slow_and_fast_replicas(replica_files):
-    """Two replica processes: the first stalls every request by 20 s, the second never stalls."""
+@contextlib.contextmanager
+def running_replicas(files, configs, *, max_lifetime_s: float = 300):
+    """Start one replica process per ``ReplicaConfig`` (None: no stalls), wait until all are ready, stop them."""
     from course_lib.core.waiting import wait_until
     from course_lib.serving.replica import ReplicaConfig, start_replica
 
-    slow = start_replica(
-        replica_files.onnx_path,
-        replica_files.store_path,
-        replica_files.model_version,
-        config=ReplicaConfig(slow_fraction=1.0, slow_ms=20_000.0),
-        max_lifetime_s=300,
-    )
-    fast = start_replica(
-        replica_files.onnx_path, replica_files.store_path, replica_files.model_version, max_lifetime_s=300
-    )
+    replicas = []
     try:
-        wait_until(lambda: slow.is_ready() and fast.is_ready(), timeout_s=60, what="both replicas ready")
-        yield slow, fast
+        for config in configs:
+            replicas.append(
+                start_replica(
+                    files.onnx_path,
+                    files.store_path,
+                    files.model_version,
+                    config=config or ReplicaConfig(),
+                    max_lifetime_s=max_lifetime_s,
+                )
+            )
+        wait_until(lambda: all(r.is_ready() for r in replicas), timeout_s=60, what="every replica ready")
+        yield replicas
     finally:
-        slow.stop()
-        fast.stop()
+        for replica in replicas:
+            replica.stop()
+
+
+@pytest.fixture(scope="session")
+def slow_and_fast_replicas(replica_files):
+    """Two replica processes: the first stalls every request by 20 s, the second never stalls."""
+    from course_lib.serving.replica import ReplicaConfig
+
+    slow_config = ReplicaConfig(slow_fraction=1.0, slow_ms=20_000.0)
+    with running_replicas(replica_files, [slow_config, None]) as (slow, fast):
+        yield slow, fast

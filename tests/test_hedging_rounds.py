@@ -11,11 +11,10 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import running_replicas
 
-from course_lib.core.waiting import wait_until
 from course_lib.measure.tail import HedgingRounds, busy_fractions, run_hedging_rounds
 from course_lib.serving.hedging import HedgeStats
-from course_lib.serving.replica import start_replica
 
 
 def _table(latency_ms, ok=None):
@@ -60,18 +59,8 @@ def test_summary_gives_medians_over_rounds_and_totals_of_failures():
 
 @pytest.fixture(scope="module")
 def two_replicas(replica_files):
-    a = start_replica(
-        replica_files.onnx_path, replica_files.store_path, replica_files.model_version, max_lifetime_s=120
-    )
-    b = start_replica(
-        replica_files.onnx_path, replica_files.store_path, replica_files.model_version, max_lifetime_s=120
-    )
-    try:
-        wait_until(lambda: a.is_ready() and b.is_ready(), timeout_s=60, what="both replicas ready")
+    with running_replicas(replica_files, [None, None], max_lifetime_s=120) as (a, b):
         yield a, b
-    finally:
-        a.stop()
-        b.stop()
 
 
 def test_rounds_rotate_the_order_and_send_the_same_requests_to_every_setting(two_replicas, ids):
