@@ -6,11 +6,11 @@ A test that needs Redis, Chromium (with Playwright), promtool or a grading sandb
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
 from components import require_component
+from replicas import running_replicas
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Lessons are stored with inline plots; a non-interactive MPLBACKEND (e.g. Agg) inherited by nbval's kernels
@@ -75,31 +75,6 @@ def ids(replica_files):
 
     with FeatureStore(replica_files.store_path) as store:
         return store.sample_ids(200, seed=1)
-
-
-@contextlib.contextmanager
-def running_replicas(files, configs, *, max_lifetime_s: float = 300):
-    """Start one replica process per ``ReplicaConfig`` (None: no stalls), wait until all are ready, stop them."""
-    from course_lib.core.waiting import wait_until
-    from course_lib.serving.replica import ReplicaConfig, start_replica
-
-    replicas = []
-    try:
-        for config in configs:
-            replicas.append(
-                start_replica(
-                    files.onnx_path,
-                    files.store_path,
-                    files.model_version,
-                    config=config or ReplicaConfig(),
-                    max_lifetime_s=max_lifetime_s,
-                )
-            )
-        wait_until(lambda: all(r.is_ready() for r in replicas), timeout_s=60, what="every replica ready")
-        yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import running_replicas
+from replicas import running_replicas
 
 from course_lib.measure.tail import HedgingRounds, busy_fractions, run_hedging_rounds
 from course_lib.serving.hedging import HedgeStats
