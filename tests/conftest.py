@@ -10,7 +10,6 @@ import os
 
 import pytest
 from components import require_component
-from replicas import running_replicas
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Lessons are stored with inline plots; a non-interactive MPLBACKEND (e.g. Agg) inherited by nbval's kernels
@@ -80,6 +79,8 @@ def ids(replica_files):
 @pytest.fixture(scope="session")
 def slow_and_fast_replicas(replica_files):
     """Two replica processes: the first stalls every request by 20 s, the second never stalls."""
+    from replicas import running_replicas
+
     from course_lib.serving.replica import ReplicaConfig
 
     slow_config = ReplicaConfig(slow_fraction=1.0, slow_ms=20_000.0)
