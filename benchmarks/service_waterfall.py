@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
     sys.path.insert(0, str(ROOT))
 
 from course_lib.core.env import env_report  # noqa: E402
+from course_lib.measure.generators import generator_limit_text  # noqa: E402
 from course_lib.measure.waterfall import (  # noqa: E402
     FLOOR_STEP,
     PRODUCTION_STEP,
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(run.table[columns].round(3))
         if len(run.tools):
             print(run.tools.round(2))
-    print(f"generator limit (send-lag p99 <= 1 ms): {run.generator_limit_rps:,.0f} req/s")
+    lowest = run.settings["generator_lowest_rps"]
+    print(f"generator limit (send-lag p99 <= 1 ms): {generator_limit_text(run.generator_limit_rps, lowest)}")
     if args.out is not None:
         generator = (
             f"course_lib.measure.generators, {run.settings['n_generators']} processes (aiohttp + uvloop)"

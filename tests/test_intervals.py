@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from course_lib.core.bench import compare_latency, interleaved_rounds_ns, round_order
+from course_lib.core.checks import InvalidArgumentError
 from course_lib.core.intervals import (
     UNRESOLVED,
     RatioInterval,
@@ -127,3 +128,17 @@ def test_compare_latency_with_confidence_adds_the_speedup_interval():
     assert table.loc["b", "speedup_low"] <= table.loc["b", "speedup"] <= table.loc["b", "speedup_high"]
     with pytest.raises(ValueError, match="at least 6 repeats"):
         compare_latency({"a": lambda: None}, n_calls=20, rounds=5, confidence=0.95)
+
+
+def test_bound_phrase_says_whether_the_whole_interval_is_on_the_bounds_side():
+    inside = RatioInterval(0.0045, 0.004, 0.0049, 0.97, 6)
+    assert inside.bound_phrase(at_most=0.1).startswith("holds on this run")
+    assert inside.bound_phrase(at_least=0.0045).startswith("not shown on this run")
+    straddles = RatioInterval(0.1, 0.08, 0.12, 0.97, 6)
+    assert straddles.bound_phrase(at_most=0.1) == (
+        "not shown on this run (the interval, 0.08x to 0.12x, reaches above 0.1x)"
+    )
+    assert straddles.bound_phrase(at_least=0.08).startswith("holds on this run")
+    for bad in ({}, {"at_most": 1.0, "at_least": 1.0}, {"at_most": 0.0}, {"at_least": float("nan")}):
+        with pytest.raises(InvalidArgumentError, match=r"at_most|at_least"):
+            straddles.bound_phrase(**bad)

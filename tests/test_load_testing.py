@@ -193,6 +193,23 @@ def test_climb_stops_at_the_first_miss_and_settles_before_every_step():
     assert table["rate_rps"].tolist() == [50.0, 100.0] and len(settled) == 2 and len(results) == 2
 
 
+def test_a_climb_that_starts_above_the_knee_steps_down_until_a_rate_meets():
+    fast, slow = np.ones(100), np.full(100, 99.0)
+    runs = {r: _fake_result(fast if r <= 30.0 else slow, rate=r) for r in (20.0, 30.0, 40.0, 60.0)}
+    tried = []
+
+    def step(rate):
+        tried.append(rate)
+        return runs[rate]
+
+    _, table = climb(step, [60.0], p99_limit_ms=10.0, lower_rates_rps=[20.0, 30.0, 40.0, 80.0])
+    assert tried == [60.0, 40.0, 30.0]  # highest first, stops at the first that meets, never above the start
+    assert find_knee(table)["knee_rps"] == 30.0 and find_knee(table)["first_miss_rps"] == 40.0
+    tried.clear()
+    climb(step, [20.0, 40.0], p99_limit_ms=10.0, lower_rates_rps=[30.0])
+    assert tried == [20.0, 40.0]  # the first rate met: nothing lower is tried
+
+
 def test_spike_schedule_has_three_phases_at_their_rates():
     t = spike_schedule(base_rps=100, spike_rps=1000, before_s=2, spike_s=1, after_s=2, seed=1)
     assert (np.diff(t) >= 0).all() and t[-1] < 5000

@@ -158,11 +158,24 @@ class RatioInterval:
         return self.direction != 0
 
     def interval_text(self, digits: int = 2) -> str:
-        """``"0.62x, 98% interval 0.58x to 0.70x over 7 rounds"``: the ratio itself, no direction word."""
+        """``"0.62x, 98% interval 0.58x to 0.70x over 7 rounds"``: the ratio itself, no direction word.
+
+        A resolved interval whose end would print as 1.00x gets more decimals (up to 4), so that the
+        printed interval visibly excludes 1: ``1.003x to 1.09x``, not ``1.00x to 1.09x``.
+
+        >>> RatioInterval(1.02, 1.0031, 1.09, 0.97, 6).interval_text()
+        '1.02x, 97% interval 1.003x to 1.09x over 6 rounds'
+        """
         return (
-            f"{_factor(self.ratio, digits)}x, {self.confidence:.0%} interval {_factor(self.low, digits)}x to "
-            f"{_factor(self.high, digits)}x over {self.rounds} rounds"
+            f"{_factor(self.ratio, digits)}x, {self.confidence:.0%} interval {self._end(self.low, digits)}x to "
+            f"{self._end(self.high, digits)}x over {self.rounds} rounds"
         )
+
+    def _end(self, value: float, digits: int) -> str:
+        """One end of the interval, with decimals added (up to 4) while a resolved end would print as 1."""
+        while self.resolved and digits < 4 and round(value, digits) == 1.0:
+            digits += 1
+        return _factor(value, digits)
 
     def phrase(
         self,
@@ -212,6 +225,50 @@ class RatioInterval:
         if self.direction > 0:
             return f"{self.ratio:.{digits}f}x {more}{against} ({detail})"
         return f"{unresolved} ({detail})"
+
+    def bound_phrase(self, *, at_most: float | None = None, at_least: float | None = None) -> str:
+        """Whether the whole interval lies on the stated side of a bound: a check worded for both outcomes.
+
+        A lesson states a bound ("at least 10x faster", i.e. a time ratio at most 0.1) and prints whether
+        this run shows it, instead of asserting a timing ratio that a busy machine could fail.
+
+        Parameters
+        ----------
+        at_most, at_least : float > 0
+            Exactly one: the bound the ratio should stay under (``at_most``) or over (``at_least``).
+
+        Returns
+        -------
+        str
+            ``"holds on this run (the whole interval, 0.004x to 0.0049x, is at most 0.1x)"`` or
+            ``"not shown on this run (the interval, 0.08x to 0.12x, reaches above 0.1x)"``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            When neither or both bounds are given, or a bound is not a finite number > 0.
+
+        Examples
+        --------
+        >>> RatioInterval(0.0045, 0.004, 0.0049, 0.97, 6).bound_phrase(at_most=0.1)
+        'holds on this run (the whole interval, 0.004x to 0.0049x, is at most 0.1x)'
+        >>> RatioInterval(1.5, 0.9, 2.0, 0.97, 6).bound_phrase(at_least=1.0)
+        'not shown on this run (the interval, 0.90x to 2.00x, reaches below 1x)'
+        """
+        if (at_most is None) == (at_least is None):
+            raise checks.InvalidArgumentError(
+                f"give exactly one of at_most and at_least, got at_most={at_most!r}, at_least={at_least!r}"
+            )
+        name, value = ("at_most", at_most) if at_most is not None else ("at_least", at_least)
+        bound = checks.positive_number(name, value)
+        span = f"{_factor(self.low, 2)}x to {_factor(self.high, 2)}x"
+        if at_most is not None:
+            if self.high <= bound:
+                return f"holds on this run (the whole interval, {span}, is at most {bound:g}x)"
+            return f"not shown on this run (the interval, {span}, reaches above {bound:g}x)"
+        if self.low >= bound:
+            return f"holds on this run (the whole interval, {span}, is at least {bound:g}x)"
+        return f"not shown on this run (the interval, {span}, reaches below {bound:g}x)"
 
 
 def _factor(x: float, digits: int) -> str:

@@ -63,6 +63,7 @@ from course_lib.serving.server import (
 __all__ = [
     "GeneratorPool",
     "generator_limit",
+    "generator_limit_text",
     "merge_results",
     "run_generators",
     "serve_null",
@@ -343,6 +344,35 @@ def generator_limit(
         else:
             break
     return limit, pd.DataFrame(rows)
+
+
+def generator_limit_text(limit_rps: float, lowest_rps: float) -> str:
+    """``generator_limit``'s answer in words: the rate, or that no rate tried met the bound.
+
+    Parameters
+    ----------
+    limit_rps : float >= 0
+        The limit :func:`generator_limit` returned (0.0 when even its lowest rate missed).
+    lowest_rps : float > 0
+        The lowest rate that climb tried.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a negative limit or a lowest rate that is not a finite number > 0.
+
+    Examples
+    --------
+    >>> generator_limit_text(2000.0, 250.0)
+    '2,000 req/s'
+    >>> generator_limit_text(0.0, 250.0)
+    'not measured: no rate tried met the bound (the lowest was 250 req/s)'
+    """
+    limit_rps = positive_number("limit_rps", limit_rps, allow_zero=True)
+    lowest_rps = positive_number("lowest_rps", lowest_rps)
+    if limit_rps > 0:
+        return f"{limit_rps:,.0f} req/s"
+    return f"not measured: no rate tried met the bound (the lowest was {lowest_rps:,.0f} req/s)"
 
 
 if __name__ == "__main__":

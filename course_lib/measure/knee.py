@@ -95,13 +95,16 @@ def climb(
     p99_limit_ms: float,
     misses_allowed: int = 1,
     settle: Callable[[], object] | None = None,
+    lower_rates_rps: Iterable[float] = (),
     **row_kwargs: float,
 ) -> tuple[list[LoadResult], pd.DataFrame]:
     """Run ``run_step(rate)`` for each rate in ascending order until ``misses_allowed`` rates missed the SLO.
 
     Past the knee every further step only builds a longer backlog, so the climb stops. ``settle()``
     (e.g. ``course_lib.measure.load_server.wait_idle``) runs before every step so a step does not inherit the
-    previous one's backlog.
+    previous one's backlog. A climb that starts from an expected knee (a record from another run) can
+    start above this run's knee: when its first rate misses, the ``lower_rates_rps`` below it are tried
+    from the highest down until one meets the SLO, so :func:`find_knee` finds a knee instead of 0.
 
     Returns
     -------
@@ -117,6 +120,14 @@ def climb(
         if not step_row(results[-1], p99_limit_ms=p99_limit_ms, **row_kwargs)["met_slo"]:
             misses += 1
             if misses >= misses_allowed:
+                break
+    if results and not step_row(results[0], p99_limit_ms=p99_limit_ms, **row_kwargs)["met_slo"]:
+        first = float(results[0].rate_rps)
+        for rate in sorted((float(r) for r in lower_rates_rps if float(r) < first), reverse=True):
+            if settle is not None:
+                settle()
+            results.append(run_step(rate))
+            if step_row(results[-1], p99_limit_ms=p99_limit_ms, **row_kwargs)["met_slo"]:
                 break
     return results, step_table(results, p99_limit_ms=p99_limit_ms, **row_kwargs)
 

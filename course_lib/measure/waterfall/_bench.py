@@ -351,7 +351,8 @@ def run_waterfall(
         table.loc[name, "path"] = by_name[name].path
     settings = {
         "p99_limit_ms": limit, "repeats": n_repeats, "min_requests": int(min_requests), "ladder_rps": ladder,
-        "start_rps": dict(start_rps), "generator_limit_rps": gen_limit, "n_generators": n_generators,
+        "start_rps": dict(start_rps), "generator_limit_rps": gen_limit, "generator_lowest_rps": float(min(generator_rates_rps)),
+        "n_generators": n_generators,
         "servers": {k: ("prototype: course_lib.measure.load_server.serve_churn" if v is None else v.describe())
                     for k, v in servers.items() if k in needed},
     }  # fmt: skip
