@@ -134,7 +134,7 @@ test-under-load: first-run
 		$(BIN)/python -c "import itertools, os; p = os.getppid(); any(os.getppid() != p or sum(range(99999)) < 0 for _ in itertools.count())" & \
 		pids="$$pids $$!"; \
 	done; \
-	echo "competing CPU-bound processes:$$pids (on $$(nproc) cores)"; \
+	echo "competing CPU-bound processes:$$pids (on $$(nproc --all) cores)"; \
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) $(NOTEBOOKS)'
 
 lint: $(STAMP)
