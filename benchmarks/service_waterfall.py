@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import generator_limit_text  # noqa: E402
 from course_lib.measure.waterfall import (  # noqa: E402
+    AGREEMENT_TOLERANCE,
     FLOOR_STEP,
     PRODUCTION_STEP,
     PROTOTYPE_STEP,
@@ -39,6 +40,7 @@ from course_lib.measure.waterfall import (  # noqa: E402
     k6_version,
     run_waterfall,
     save_waterfall,
+    tool_agreement,
 )
 
 QUICK_STEPS = (PROTOTYPE_STEP, "ONNX Runtime", PRODUCTION_STEP, FLOOR_STEP)
@@ -91,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         print(run.table[columns].round(3))
         if len(run.tools):
             print(run.tools.round(2))
+            a = tool_agreement(run.tools)
+            print(
+                f"k6 beside the course generator: knees {a['knee_rps']} (ratio {a['knee_ratio']:.2f}, "
+                f"{'agree' if a['knee_agrees'] else 'do not agree'} within {AGREEMENT_TOLERANCE:.0%}); "
+                f"p50 from the actual send, course generator / k6, furthest from 1: {a['worst_p50_ratio']:.2f} "
+                f"({'agree' if a['p50_agrees'] else 'do not agree'} at every rate both met)"
+            )
     lowest = run.settings["generator_lowest_rps"]
     print(f"generator limit (send-lag p99 <= 1 ms): {generator_limit_text(run.generator_limit_rps, lowest)}")
     if args.out is not None:

@@ -24,6 +24,7 @@ from course_lib.measure.waterfall import (
     parse_k6_summary,
     rung_duration_s,
     save_waterfall,
+    tool_agreement,
 )
 
 
@@ -290,3 +291,26 @@ def test_k6_that_fails_is_reported_with_the_end_of_its_output(tmp_path):
         run_k6("http://127.0.0.1:9/score", rate_rps=1, duration_s=1, ids=["SC-0000001"], script=script,
                log_dir=tmp_path / "k6")  # fmt: skip
     assert "Unexpected identifier" in (tmp_path / "k6" / "k6.log").read_text()
+
+
+def test_tool_agreement_compares_knees_and_like_for_like_p50s_within_the_tolerance():
+    rows = []
+    for rate, course_ms, k6_ms, course_met, k6_met in (
+        (100.0, 1.25, 1.0, True, True),  # 25 % apart: outside 20 %
+        (200.0, 2.1, 2.0, True, True),
+        (400.0, 50.0, 3.0, False, True),  # only k6 met: no p50 pair
+        (800.0, 90.0, 80.0, False, False),
+    ):
+        rows += [
+            {"tool": "course generator", "rate_rps": rate, "met": course_met, "p50_from_send_ms": course_ms},
+            {"tool": "k6", "rate_rps": rate, "met": k6_met, "p50_from_send_ms": k6_ms},
+        ]
+    a = tool_agreement(pd.DataFrame(rows))
+    assert a["knee_rps"] == {"course generator": 200.0, "k6": 400.0} and a["knee_ratio"] == 0.5
+    assert a["p50_ratios"] == pytest.approx({100.0: 1.25, 200.0: 1.05})
+    assert a["worst_p50_ratio"] == pytest.approx(1.25) and not a["p50_agrees"] and not a["knee_agrees"]
+    assert tool_agreement(pd.DataFrame(rows), tolerance=0.6)["knee_agrees"]
+    with pytest.raises(ValueError, match="tolerance"):
+        tool_agreement(pd.DataFrame(rows), tolerance=1.5)
+    with pytest.raises(ValueError, match="p50_from_send_ms"):
+        tool_agreement(pd.DataFrame(rows).drop(columns="p50_from_send_ms"))

@@ -40,12 +40,14 @@ from course_lib.measure.waterfall._climb import (
     start_rungs,
 )
 from course_lib.measure.waterfall._k6 import (
+    AGREEMENT_TOLERANCE,
     K6_SCRIPT,
     K6Result,
     k6_binary,
     k6_version,
     parse_k6_summary,
     run_k6,
+    tool_agreement,
 )
 from course_lib.measure.waterfall._peers import (
     PEERS,
@@ -65,6 +67,7 @@ from course_lib.measure.waterfall._record import (
 )
 
 __all__ = [
+    "AGREEMENT_TOLERANCE",
     "FLOOR_STEP",
     "K6_SCRIPT",
     "LADDER_RATIO",
@@ -102,5 +105,6 @@ __all__ = [
     "save_peers",
     "save_waterfall",
     "start_rungs",
+    "tool_agreement",
     "tool_comparison",
 ]

@@ -35,7 +35,11 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
+
+from course_lib.core import checks
 from course_lib.core._guard import guard_command
 from course_lib.core._io import REPO_ROOT
 from course_lib.core._process import start_child
@@ -216,3 +220,71 @@ def run_k6(
         return parse_k6_summary(
             json.loads(summary_file.read_text(encoding="utf-8")), rate_rps=rate, duration_s=duration
         )
+
+
+#: How far apart k6 and the course generator may be and still agree (issue 24: "within 20 %").
+AGREEMENT_TOLERANCE = 0.2
+
+
+def tool_agreement(tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE) -> dict[str, Any]:
+    """Whether k6 and the course generator agree on one service: its knee, and its p50 at the same rates.
+
+    Parameters
+    ----------
+    tools : DataFrame
+        ``tool_comparison``'s table (``tool``, ``rate_rps``, ``met``, ``p50_from_send_ms``).
+    tolerance : float in (0, 1)
+        Largest relative difference that still agrees: ``|ratio - 1| <= tolerance``.
+
+    Returns
+    -------
+    dict
+        ``knee_rps`` (tool -> highest rate met, every lower rate met too; 0.0 if its first missed),
+        ``knee_ratio`` (course generator / k6), ``p50_ratios`` (rate -> course generator's p50 / k6's,
+        both timed from the actual send, at every rate both met), ``worst_p50_ratio`` (the one furthest
+        from 1), and ``knee_agrees``, ``p50_agrees`` (within ``tolerance``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a tolerance outside (0, 1). ValueError if a column is missing or a tool has no row.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"tool": ["course generator", "k6"] * 2, "rate_rps": [100.0, 100.0, 200.0, 200.0],
+    ...                   "met": [True, True, False, True], "p50_from_send_ms": [1.1, 1.0, 9.0, 2.0]})
+    >>> a = tool_agreement(t)
+    >>> a["knee_rps"], a["knee_ratio"], a["p50_agrees"]
+    ({'course generator': 100.0, 'k6': 200.0}, 0.5, True)
+    """
+    tol = positive_number("tolerance", tolerance)
+    if tol >= 1:
+        raise checks.InvalidArgumentError(f"tolerance must be below 1, got {tolerance!r}")
+    missing = {"tool", "rate_rps", "met", "p50_from_send_ms"} - set(tools.columns)
+    if missing:
+        raise ValueError(f"tools is missing columns {sorted(missing)}")
+    knee = {}
+    for tool in ("course generator", "k6"):
+        rows = tools[tools["tool"] == tool].sort_values("rate_rps")
+        if rows.empty:
+            raise ValueError(f"tools has no row for {tool!r}")
+        met = rows["met"].astype(bool).to_numpy()
+        n_met = int(met.argmin()) if not met.all() else len(met)
+        knee[tool] = float(rows["rate_rps"].iloc[n_met - 1]) if n_met else 0.0
+    both = tools[tools["met"].astype(bool)].pivot_table(
+        index="rate_rps", columns="tool", values="p50_from_send_ms", aggfunc="first"
+    )
+    both = both.dropna() if {"course generator", "k6"} <= set(both.columns) else both.iloc[0:0]
+    ratios = (
+        {float(r): float(v) for r, v in (both["course generator"] / both["k6"]).items()} if len(both) else {}
+    )
+    worst = max(ratios.values(), key=lambda r: abs(r - 1), default=math.nan)
+    knee_ratio = knee["course generator"] / knee["k6"] if knee["k6"] > 0 else math.nan
+    return {
+        "knee_rps": knee,
+        "knee_ratio": knee_ratio,
+        "p50_ratios": ratios,
+        "worst_p50_ratio": worst,
+        "knee_agrees": bool(abs(knee_ratio - 1) <= tol),
+        "p50_agrees": bool(ratios) and abs(worst - 1) <= tol,
+    }
