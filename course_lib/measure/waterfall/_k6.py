@@ -275,9 +275,8 @@ def tool_agreement(tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANC
         index="rate_rps", columns="tool", values="p50_from_send_ms", aggfunc="first"
     )
     both = both.dropna() if {"course generator", "k6"} <= set(both.columns) else both.iloc[0:0]
-    ratios = (
-        {float(r): float(v) for r, v in (both["course generator"] / both["k6"]).items()} if len(both) else {}
-    )
+    ratio = both["course generator"] / both["k6"] if len(both) else pd.Series(dtype=float)
+    ratios = dict(zip(ratio.index.astype(float).tolist(), ratio.astype(float).tolist(), strict=True))
     worst = max(ratios.values(), key=lambda r: abs(r - 1), default=math.nan)
     knee_ratio = knee["course generator"] / knee["k6"] if knee["k6"] > 0 else math.nan
     return {
