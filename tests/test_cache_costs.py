@@ -118,3 +118,21 @@ def test_the_decomposition_adds_up_to_the_whole_call_and_saving_follows_the_mean
     assert saving["saving"] == pytest.approx(1 - 210 / 300)
     with pytest.raises(ValueError, match="hit_rate"):
         saving_at_hit_rate(run, 1.5)
+
+
+def test_one_stalled_request_cannot_put_an_estimate_outside_its_own_interval():
+    """A 100 ms stall in one no-cache request moves the pooled mean, not the median over rounds."""
+    run = _synthetic_run(300.0, 360.0, 60.0, rounds=12)
+    stalled = run.index[run["kind"] == "no cache"][0]
+    run.loc[stalled, ["lookup", "whole call"]] += 100_000.0
+    parts = miss_cost_decomposition(run)
+    for part, row in parts.iterrows():
+        assert row["low_us"] <= row["extra_us"] <= row["high_us"], part
+    assert parts.loc["whole call", "extra_us"] == pytest.approx(60.0)
+    assert parts.loc["whole call", "no_cache_us"] == pytest.approx(300.0)
+    result = break_even_hit_rate(run)
+    assert result["low"] <= result["break_even"] <= result["high"]
+    assert result["no_cache_us"] == pytest.approx(300.0)
+    saving = saving_at_hit_rate(run, 0.5)
+    assert saving["low"] <= saving["saving"] <= saving["high"]
+    assert saving["mean_us"] == pytest.approx(210.0) and saving["saving"] == pytest.approx(0.3)

@@ -1,11 +1,13 @@
-"""A simulated day of a canary rollout: real models, real routing, measured latencies, delayed labels.
+"""A simulated day of a canary rollout: real models, real routing, resampled latencies, delayed labels.
 
 Each hour of the day, ``requests_per_hour`` support-desk requests arrive for customers drawn from a
 population the model never trained on. The ``RampController``'s router sends each one to v1 or the
 canary; the churn score is the version's real ONNX output for that customer (scored once, in a
-batch, before the day starts); the latency is drawn from per-request latencies measured in-process
-for that version; a share of the requests get their churn label ``label_delay_h`` hours later (a
-support rep records the outcome). At the end of every hour the controller judges the stage so far
+batch, before the day starts); the latency is drawn from the per-request latencies passed for that
+version (measured ones make the day's outcome depend on how busy the machine was while it measured:
+Lesson 9 passes one seeded pool for every version, so that the day is decided by scores and labels);
+a share of the requests get their churn label ``label_delay_h`` hours later (a support rep records the
+outcome). At the end of every hour the controller judges the stage so far
 and promotes, holds or rolls back.
 
 Only the clock is simulated: a day of traffic takes a second instead of 24 hours.
@@ -57,7 +59,7 @@ def simulate_canary_day(
     ----------
     population : customers (``customer_id``, ``tenure``, ``churn``) that requests are drawn from.
     scores : version -> churn probability of every population row, shape (len(population),).
-    latency_ms : version -> measured per-request latencies (ms) to resample from.
+    latency_ms : version -> per-request latencies (ms) to resample from (measured, or a seeded pool).
     label_share, label_delay_h : share of requests whose label arrives, and how many hours later.
 
     Returns

@@ -18,6 +18,12 @@ building the answer) is measured as ``outside stages`` instead of being lost.
 parts; :func:`break_even_hit_rate` gives the hit rate above which the cache lowers the *mean* latency,
 ``(miss - plain) / (miss - hit)`` on means, per round and with its interval.
 
+Every figure these functions report is a median over rounds of a per-round value (a round's mean
+time, or a difference or ratio of the round's means), the same statistic their interval is for, so an
+estimate always lies inside its own interval and one round that a busy machine spoiled (one stalled
+request moves a round's mean) cannot decide it. Pooled means over all requests are in
+:func:`hit_miss_table` only, as description.
+
 References
 ----------
 Source lesson 004, "Caching and Request Deduplication" (a hit "~1 ms" against "50 ms" inference).
@@ -167,15 +173,18 @@ def _per_round_means(run: pd.DataFrame) -> pd.DataFrame:
 def miss_cost_decomposition(run: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     """Where a miss's extra mean time over no cache goes, part by part, with an interval over rounds.
 
-    The whole call's mean difference (miss - no cache) is exactly the sum of the per-part mean
-    differences: every stage of either path (a stage one path does not run counts 0 there, so the cache
-    stages appear with their full cost) and ``outside stages``.
+    For every part (every stage of either path, a stage one path does not run counting 0 there, so the
+    cache stages appear with their full cost; ``outside stages``; and ``whole call``) each round gives the
+    difference of its miss and no-cache means. Within a round the parts' differences add up exactly to the
+    whole call's; the medians over rounds reported here add up to the whole call's median only
+    approximately (a median is not additive; they agree exactly when the rounds agree).
 
     Returns
     -------
-    DataFrame indexed by part with ``miss_us``, ``no_cache_us`` (means over all rounds), ``extra_us``
-    (their difference), and ``low_us`` / ``high_us`` (the interval of the per-round difference's median,
-    :func:`course_lib.core.intervals.median_interval`); the last row is ``whole call``.
+    DataFrame indexed by part with ``miss_us``, ``no_cache_us`` (the median over rounds of each round's
+    mean), ``extra_us`` (the median over rounds of the per-round difference, miss - no cache), and
+    ``low_us`` / ``high_us`` (its interval, :func:`course_lib.core.intervals.median_interval`); the last
+    row is ``whole call``.
     """
     means = _per_round_means(run)
     rows = {}
@@ -184,14 +193,13 @@ def miss_cost_decomposition(run: pd.DataFrame, confidence: float = 0.95) -> pd.D
         plain = means.xs("no cache", level="kind")[part]
         low, high, _ = median_interval((miss - plain).to_numpy(), confidence)
         rows[part] = {
-            "miss_us": float(run.loc[run["kind"] == "miss", part].fillna(0).mean()),
-            "no_cache_us": float(run.loc[run["kind"] == "no cache", part].fillna(0).mean()),
+            "miss_us": float(miss.median()),
+            "no_cache_us": float(plain.median()),
+            "extra_us": float((miss - plain).median()),
             "low_us": low,
             "high_us": high,
         }
-    table = pd.DataFrame(rows).T
-    table.insert(2, "extra_us", table["miss_us"] - table["no_cache_us"])
-    return table.rename_axis("part")
+    return pd.DataFrame(rows).T.rename_axis("part")
 
 
 def break_even_hit_rate(run: pd.DataFrame, confidence: float = 0.95) -> dict[str, float]:
@@ -204,12 +212,12 @@ def break_even_hit_rate(run: pd.DataFrame, confidence: float = 0.95) -> dict[str
     Returns
     -------
     dict with ``break_even`` (median over rounds), ``low``, ``high``, ``confidence`` (achieved), and
-    ``hit_us``, ``miss_us``, ``no_cache_us`` (means over all rounds, whole call).
+    ``hit_us``, ``miss_us``, ``no_cache_us`` (whole call: the median over rounds of each round's mean).
     """
     means = _per_round_means(run)[WALL].unstack("kind")
     per_round = (means["miss"] - means["no cache"]) / (means["miss"] - means["hit"])
     low, high, achieved = median_interval(per_round.to_numpy(), confidence)
-    whole = run.groupby("kind")[WALL].mean()
+    whole = means.median()
     return {
         "break_even": float(per_round.median()),
         "low": low,
@@ -262,8 +270,8 @@ def saving_at_hit_rate(run: pd.DataFrame, hit_rate: float, confidence: float = 0
 
     Returns
     -------
-    dict with ``mean_us`` (from the means over all rounds), ``saving`` (median over rounds), ``low``,
-    ``high`` (its interval) and ``confidence``.
+    dict with ``mean_us`` (h x hit + (1 - h) x miss from the medians over rounds of each round's mean),
+    ``saving`` (median over rounds), ``low``, ``high`` (its interval) and ``confidence``.
 
     Raises
     ------
@@ -274,7 +282,7 @@ def saving_at_hit_rate(run: pd.DataFrame, hit_rate: float, confidence: float = 0
     means = _per_round_means(run)[WALL].unstack("kind")
     per_round = 1 - (h * means["hit"] + (1 - h) * means["miss"]) / means["no cache"]
     low, high, achieved = median_interval(per_round.to_numpy(), confidence)
-    whole = run.groupby("kind")[WALL].mean()
+    whole = means.median()
     return {
         "mean_us": float(h * whole["hit"] + (1 - h) * whole["miss"]),
         "saving": float(per_round.median()),
