@@ -92,8 +92,9 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 # The lessons' default "Python 3" kernel is this environment; `make kernel` registers it by name for
 # other front-ends (VS Code), and the student config hides that duplicate inside JupyterLab.
+# Its terminals find the course environment first (`python`, `nbgrader`), as the problem sets assume.
 lab: first-run
-	JUPYTER_CONFIG_DIR=$(LAB_CONFIG) $(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=. $(ROOT_FLAG) $(LAB_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" JUPYTER_CONFIG_DIR=$(LAB_CONFIG) $(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=. $(ROOT_FLAG) $(LAB_ARGS)
 
 # Read the lessons without running them: the committed outputs, rendered to HTML.
 html: $(STAMP)

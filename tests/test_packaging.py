@@ -232,3 +232,17 @@ def test_every_make_target_is_phony_and_listed_by_make_help():
     assert done.returncode == 0, done.stderr
     listed = set(re.findall(r"^\s*make ([\w-]+)", done.stdout, flags=re.MULTILINE))
     assert rules <= listed, f"make help does not list: {sorted(rules - listed)}"
+
+
+def test_make_lab_puts_the_course_environment_first_on_the_terminals_path():
+    """JupyterLab's terminals inherit its environment: `python` and `nbgrader` there must be the course's."""
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-o", ".venv/.installed-stamp", "-o", "first-run", "lab"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.strip().splitlines()[-1]
+    assert command.startswith(f'PATH="{ROOT}/.venv/bin:') and f'VIRTUAL_ENV="{ROOT}/.venv"' in command, command
