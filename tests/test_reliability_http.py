@@ -230,6 +230,19 @@ def test_the_head_is_checked_before_any_work(server, raw, status):
     assert serving(url)
 
 
+def test_a_refused_head_that_expects_100_continue_is_answered_without_asking_for_the_body(server):
+    """The client waits for 100 Continue before sending its body: the door must not ask for the body
+    (reading it makes uvicorn send 100 Continue) and then wait the body timeout for it."""
+    url, _ = server
+    raw = request(body=b"", extra=b"Expect: 100-continue\r\n")
+    with connect(url) as sock:
+        sock.sendall(raw.replace(b"Content-Length: 0", b"Content-Length: 50000000"))
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"100 Continue" not in answer and b"connection: close" in answer.lower()
+    assert outcomes(url)["client_errors"] >= 1 and serving(url)
+
+
 def test_error_bodies_never_echo_a_large_request(server):
     url, _ = server
     keys = {f"{'k' * 200}{i}": i for i in range(60)}  # a 12 KB body of 60 unknown keys

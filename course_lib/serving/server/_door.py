@@ -18,7 +18,9 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
 While the app runs, the body is bounded in size and in time (``max_body_bytes``, ``body_timeout_s``
 from the end of the headers): past either, the app's ``receive`` reports a disconnect and the client
 gets 413 or 408 (``body_refusal`` tells the app which). An error answer to a body not yet read is
-sent after reading and discarding the rest (up to ``max_drain_bytes``), so the client can read it;
+sent after reading and discarding the rest (up to ``max_drain_bytes``), so the client can read it
+(a request refused at the head that carries ``Expect: 100-continue`` is answered at once and its
+connection closed: its client sends no body until told to, RFC 9110 section 10.1.1);
 error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retry-After``.
 
 ``DoorCounters`` counts every request once by what its client saw: ``ok`` (2xx/3xx), ``shed``
@@ -139,7 +141,10 @@ class Door:
                 return await self.app(scope, receive, send)
             counters.requests += 1
             if refusal is not None:
-                await self._refuse(exchange, refusal, receive, send)
+                # a client that waits for 100 Continue sends no body: answer now, never ask for it
+                waiting = any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"])
+                exchange.body_done = exchange.body_done or waiting
+                await self._refuse(exchange, refusal, receive, send, close=waiting)
             elif counters.in_flight >= config.max_in_flight:
                 counters.shed_at_door += 1
                 shed = Refusal(503, "overloaded", f"{config.max_in_flight} requests are in progress here")
@@ -278,12 +283,15 @@ class Door:
             exchange.body_done = not message.get("more_body", False)
         return exchange.body_done
 
-    async def _refuse(self, exchange: _Exchange, refusal: Refusal, receive: Any, send: Any) -> None:
+    async def _refuse(
+        self, exchange: _Exchange, refusal: Refusal, receive: Any, send: Any, *, close: bool = False
+    ) -> None:
         config = self.config
         exchange.body_done = exchange.body_done or refusal.status == 503
         drained = exchange.body_done or refusal.status in (408, 503) or await self._drain(exchange, receive)
         retry = config.retry_after_s if refusal.status == 503 else None
-        start, body = _json_answer(refusal, close=not drained or refusal.status == 400, retry_after_s=retry)
+        close = close or not drained or refusal.status == 400
+        start, body = _json_answer(refusal, close=close, retry_after_s=retry)
         exchange.status = refusal.status
         exchange.gone_at_answer = exchange.connection is not None and exchange.connection.client_gone()
         exchange.complete = True
