@@ -217,8 +217,13 @@ def test_a_stalled_body_gets_408_after_the_body_timeout(server):
             request("/predict/", extra=b"Connection: close\r\n").replace(b"Host: t", b"Host: evil.example"),
             404,
         ),
+        (  # request smuggling: h11 read the chunked body, kept the connection and served the rest
+            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 4\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD) + request(),
+            400,
+        ),
     ],
-    ids=["no-host", "two-hosts", "bad-host", "gzip", "bad-deadline", "trailing-slash"],
+    ids=["no-host", "two-hosts", "bad-host", "gzip", "bad-deadline", "trailing-slash", "cl-and-te"],
 )
 def test_the_head_is_checked_before_any_work(server, raw, status):
     url, _ = server
@@ -226,6 +231,7 @@ def test_the_head_is_checked_before_any_work(server, raw, status):
         sock.sendall(raw)
         answer = read_until_closed(sock) if b"close" in raw or status == 400 else sock.recv(65536)
     assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1, answer  # one request sent, one answer
     assert b"evil.example" not in answer and b"location" not in answer.lower()
     assert serving(url)
 

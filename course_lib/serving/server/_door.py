@@ -3,7 +3,10 @@
 One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style, no
 ``BaseHTTPMiddleware``) that the runtime wraps around every app. Before any of a request's work starts:
 
-* **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), no ``Content-Encoding``
+* **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), not both
+  ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.1: the framing a proxy and this
+  server could read differently, request smuggling; 400 and the connection closed, so bytes after
+  the body are never read as a request), no ``Content-Encoding``
   other than ``identity`` (415: nothing here decodes gzip, so it would be scored as garbage), a
   declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
 * **admission**: at most ``max_in_flight`` requests of this process are admitted at once (counted
@@ -91,7 +94,7 @@ class Door:
 
     # -- the head -------------------------------------------------------------------------------------
     def _check_head(self, scope: dict[str, Any]) -> tuple[Refusal | None, float | None]:
-        hosts, encodings, length, timeout = [], [], None, None
+        hosts, encodings, length, timeout, chunked = [], [], None, None, False
         for name, value in scope.get("headers", ()):
             if name == b"host":
                 hosts.append(value)
@@ -99,10 +102,16 @@ class Door:
                 encodings.append(value)
             elif name == b"content-length":
                 length = value
+            elif name == b"transfer-encoding":
+                chunked = True
             elif name == DEADLINE_HEADER:
                 timeout = value
         if len(hosts) > 1 or (not hosts and scope.get("http_version") != "1.0"):
             return Refusal(400, "bad_host", "a request must carry exactly one Host header"), None
+        if chunked and length is not None:  # the framing two parsers may read differently (smuggling)
+            return Refusal(
+                400, "bad_framing", "send either Content-Length or Transfer-Encoding, not both"
+            ), None
         if hosts and not _HOST.match(hosts[0]):
             return Refusal(400, "bad_host", "the Host header is not a host name or address"), None
         if any(token.strip().lower() not in (b"", b"identity") for v in encodings for token in v.split(b",")):
