@@ -10,6 +10,7 @@ few times what the server needs (tens of MB), far below what the unbounded cases
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import sys
 import threading
@@ -290,3 +291,32 @@ def test_the_replica_bounds_a_stalled_huge_body(replica_files):
             ).status_code
             == 200
         )
+
+
+def test_sigterm_with_requests_in_flight_answers_each_one_or_refuses_it_503(replica_files):
+    """Issue 28 (graceful shutdown): uvicorn cancels what is still running when its grace period is
+    over and answered those requests 500; each must get its answer or a 503 with Retry-After."""
+    n_requests, service_ms = 12, 400  # one at a time, 4.8 s of work against a 1 s grace period
+    config = LIMITS.replace(max_batch_size=1, max_queue_delay_ms=0.0, graceful_shutdown_s=1.0)
+    answers: list[bytes] = []
+    with run_processes({"s": [*command(replica_files, config), f"--service-ms={service_ms}"]}) as urls:
+        url = urls["s"]
+
+        def send(i: int) -> None:
+            body = json.dumps({"customer_id": customer_id(i + 1, 2000)}).encode()  # no duplicates
+            with connect(url) as sock:
+                sock.sendall(request(body=body, extra=b"Connection: close\r\n"))
+                answers.append(read_until_closed(sock))
+
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(n_requests)]
+        for sender in senders:
+            sender.start()
+        wait_until(lambda: outcomes(url)["in_flight"] == n_requests, timeout_s=30, what="all in flight")
+        urls.processes["s"].send_signal(signal.SIGTERM)
+        for sender in senders:
+            sender.join(30)
+    statuses = sorted(answer[9:12] for answer in answers)
+    assert len(answers) == n_requests and set(statuses) <= {b"200", b"503"}, statuses
+    refused = [answer for answer in answers if answer.startswith(b"HTTP/1.1 503")]
+    assert refused, statuses  # the grace period ended with requests still queued
+    assert all(b"retry-after" in answer.lower() and b"shutting_down" in answer for answer in refused)

@@ -24,7 +24,9 @@ gets 413 or 408 (``body_refusal`` tells the app which). An error answer to a bod
 sent after reading and discarding the rest (up to ``max_drain_bytes``), so the client can read it
 (a request refused at the head that carries ``Expect: 100-continue`` is answered at once and its
 connection closed: its client sends no body until told to, RFC 9110 section 10.1.1);
-error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retry-After``.
+error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retry-After``. A request
+still unanswered when the server's graceful shutdown ends (uvicorn cancels it, and would answer 500)
+is answered 503 ``shutting_down``.
 
 ``DoorCounters`` counts every request once by what its client saw: ``ok`` (2xx/3xx), ``shed``
 (503), ``expired`` (504), ``client_errors`` (other 4xx), ``server_errors`` (other 5xx) or
@@ -181,6 +183,13 @@ class Door:
                 await self.app(
                     scope, self._receiver(exchange, receive), self._sender(exchange, receive, send)
                 )
+            except asyncio.CancelledError:
+                # uvicorn cancels the requests still running when its graceful shutdown is over and
+                # would answer them 500; a request not yet answered is refused instead, so its
+                # client knows to retry elsewhere (nothing else here cancels a request's task)
+                if exchange.status is not None:
+                    raise
+                exchange.refusal = Refusal(503, "shutting_down", "the server is stopping; retry")
             except Exception:
                 gone = exchange.connection is not None and exchange.connection.client_gone()
                 if exchange.refusal is None and not gone:
