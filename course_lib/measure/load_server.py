@@ -144,8 +144,10 @@ def serve_churn(
         How long to wait for every worker to be ready (each loads the model).
     config : ServerConfig
         Every other limit of the runtime (timeouts, connection and in-flight limits); the arguments
-        above replace its fields of the same name, and ``max_in_flight`` is raised to at least
-        ``max_queue_size + max_batch_size`` (what the batcher holds), so ``/predict`` sheds at its queue.
+        above replace its fields of the same name. ``max_in_flight`` stays ``config``'s (128 by
+        default): the door refuses the 129th request at once, before ``/predict``'s batcher queue
+        (``max_queue_size``) is full, and before ``/score``'s queue on the event loop is longer than
+        128 native model calls.
 
     Yields
     ------
