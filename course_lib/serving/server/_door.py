@@ -13,6 +13,12 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
   from the door to their last byte, across at least one event-loop pass, so requests that arrived
   together are counted together even when the app's handler never yields); one more is answered 503
   with ``Retry-After`` at once, oldest admitted first (health and stats probes are never refused);
+  with ``max_queue_wait_s`` set, one is also refused while the oldest admitted request still in
+  progress entered more than that long ago (a count cannot tell 1 ms requests from 10 ms ones; a
+  request waiting for its client's body is not counted, so a slow uploader cannot make others shed),
+  and an admitted request still waiting for its model call that long after admission is answered
+  503 instead of being scored (the bound is its ``request_deadline``: requests admitted together,
+  in one loop pass, are all admitted, and only the last check before the model sees their wait);
 * **clients that left**: a request whose client has already closed its connection is dropped (it
   never reaches the app; the app checks again right before its model call, ``client_gone``);
 * **deadlines**: ``x-request-timeout-ms: N`` (the client's own timeout) sets a deadline the app can
@@ -93,6 +99,8 @@ class Door:
         self.app = app
         self.config = config
         self.counters = DoorCounters(max_in_flight=config.max_in_flight)
+        # admitted, in progress and not waiting for its client's body: id(exchange) -> loop time admitted
+        self._entered: dict[int, float] = {}
 
     # -- the head -------------------------------------------------------------------------------------
     def _check_head(self, scope: dict[str, Any]) -> tuple[Refusal | None, float | None]:
@@ -160,6 +168,12 @@ class Door:
                 counters.shed_at_door += 1
                 shed = Refusal(503, "overloaded", f"{config.max_in_flight} requests are in progress here")
                 await self._refuse(exchange, shed, receive, send)
+            elif self._waited_too_long(loop.time()):
+                counters.shed_at_door += 1
+                shed = Refusal(
+                    503, "overloaded", f"requests here have waited over {config.max_queue_wait_s:g} s"
+                )
+                await self._refuse(exchange, shed, receive, send)
             else:
                 await self._admit(exchange, scope, receive, send)
         finally:
@@ -167,9 +181,20 @@ class Door:
         if not probe or refusal is not None:
             self._count(exchange, time.perf_counter() - started)
 
+    def _waited_too_long(self, now: float) -> bool:
+        limit = self.config.max_queue_wait_s
+        return bool(limit and self._entered and now - min(self._entered.values()) > limit)
+
     async def _admit(self, exchange: _Exchange, scope: dict[str, Any], receive: Any, send: Any) -> None:
         counters = self.counters
         counters.in_flight += 1
+        now = asyncio.get_running_loop().time()
+        self._entered[id(exchange)] = now
+        exchange.admitted = True
+        if self.config.max_queue_wait_s:  # the app's last check before its model call reads it
+            exchange.client_deadline = exchange.deadline
+            bound = now + self.config.max_queue_wait_s
+            exchange.deadline = bound if exchange.deadline is None else min(exchange.deadline, bound)
         try:
             # Yield once: requests read together are admitted together. A handler that never yields
             # (a model called on the event loop) would otherwise finish each request before the next
@@ -199,6 +224,8 @@ class Door:
                 await self._refuse(exchange, exchange.refusal, receive, send)
         finally:
             counters.in_flight -= 1
+            exchange.admitted = False
+            self._entered.pop(id(exchange), None)
 
     def _receiver(self, exchange: _Exchange, receive: Any) -> Any:
         config = self.config
@@ -209,6 +236,8 @@ class Door:
             if exchange.body_done:
                 return await receive()
             remaining = exchange.body_deadline - asyncio.get_running_loop().time()
+            # waiting for the client's body is not waiting for this server (nor a reason to shed others)
+            entered = self._entered.pop(id(exchange), None)
             try:
                 async with asyncio.timeout(max(remaining, 0.0)):
                     message = await receive()
@@ -217,6 +246,9 @@ class Door:
                     408, "body_timeout", f"the request body did not arrive within {config.body_timeout_s:g} s"
                 )
                 return {"type": "http.disconnect"}
+            finally:
+                if entered is not None and exchange.admitted:
+                    self._entered[id(exchange)] = entered
             if message["type"] == "http.request":
                 exchange.body_bytes += len(message.get("body", b""))
                 exchange.body_done = not message.get("more_body", False)
@@ -237,6 +269,14 @@ class Door:
         async def checked_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                queue_bound = config.max_queue_wait_s and exchange.deadline != exchange.client_deadline
+                if status == 504 and queue_bound and exchange.refusal is None:
+                    # the queue-wait bound passed, not the client's deadline: overload, refused 503
+                    self.counters.shed_at_door += 1
+                    exchange.refusal = Refusal(
+                        503, "overloaded", f"this request waited over {config.max_queue_wait_s:g} s here"
+                    )
+                    return None  # the door answers instead (see _admit)
                 if exchange.refusal is not None and status != exchange.refusal.status:
                     return  # the door answers instead (see _admit)
                 headers = list(message.get("headers", ()))
