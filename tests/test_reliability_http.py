@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 
@@ -223,15 +224,29 @@ def test_a_stalled_body_gets_408_after_the_body_timeout(server):
             b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD) + request(),
             400,
         ),
+        (  # httptools ignored the gzip and scored the plain body (h11's parser refuses it, 400)
+            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: gzip, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD),
+            (400, 415),
+        ),
     ],
-    ids=["no-host", "two-hosts", "bad-host", "gzip", "bad-deadline", "trailing-slash", "cl-and-te"],
+    ids=[
+        "no-host",
+        "two-hosts",
+        "bad-host",
+        "gzip",
+        "bad-deadline",
+        "trailing-slash",
+        "cl-and-te",
+        "te-gzip",
+    ],
 )
 def test_the_head_is_checked_before_any_work(server, raw, status):
     url, _ = server
     with connect(url) as sock:
         sock.sendall(raw)
         answer = read_until_closed(sock) if b"close" in raw or status == 400 else sock.recv(65536)
-    assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer[:200]
+    assert any(answer.startswith(f"HTTP/1.1 {s}".encode()) for s in np.atleast_1d(status)), answer[:200]
     assert answer.count(b"HTTP/1.1 ") == 1, answer  # one request sent, one answer
     assert b"evil.example" not in answer and b"location" not in answer.lower()
     assert serving(url)

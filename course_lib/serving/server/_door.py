@@ -6,7 +6,8 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
 * **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), not both
   ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.1: the framing a proxy and this
   server could read differently, request smuggling; 400 and the connection closed, so bytes after
-  the body are never read as a request), no ``Content-Encoding``
+  the body are never read as a request), no ``Content-Encoding`` and no ``Transfer-Encoding`` but
+  ``chunked``
   other than ``identity`` (415: nothing here decodes gzip, so it would be scored as garbage), a
   declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
 * **admission**: at most ``max_in_flight`` requests of this process are admitted at once (counted
@@ -114,6 +115,7 @@ class Door:
                 length = value
             elif name == b"transfer-encoding":
                 chunked = True
+                encodings.extend(t for t in value.split(b",") if t.strip().lower() != b"chunked")
             elif name == DEADLINE_HEADER:
                 timeout = value
         if len(hosts) > 1 or (not hosts and scope.get("http_version") != "1.0"):
@@ -125,7 +127,11 @@ class Door:
         if hosts and not _HOST.match(hosts[0]):
             return Refusal(400, "bad_host", "the Host header is not a host name or address"), None
         if any(token.strip().lower() not in (b"", b"identity") for v in encodings for token in v.split(b",")):
-            return Refusal(415, "unsupported_encoding", "send the body without Content-Encoding"), None
+            return Refusal(
+                415,
+                "unsupported_encoding",
+                "send the body without Content-Encoding, and without a Transfer-Encoding other than chunked",
+            ), None
         if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
             return Refusal(
                 413, "body_too_large", f"the request body exceeds {self.config.max_body_bytes} bytes"
