@@ -10,12 +10,14 @@ few times what the server needs (tens of MB), far below what the unbounded cases
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import sys
 import threading
 from pathlib import Path
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 
@@ -217,17 +219,50 @@ def test_a_stalled_body_gets_408_after_the_body_timeout(server):
             request("/predict/", extra=b"Connection: close\r\n").replace(b"Host: t", b"Host: evil.example"),
             404,
         ),
+        (  # request smuggling: h11 read the chunked body, kept the connection and served the rest
+            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 4\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD) + request(),
+            400,
+        ),
+        (  # httptools ignored the gzip and scored the plain body (h11's parser refuses it, 400)
+            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: gzip, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD),
+            (400, 415),
+        ),
     ],
-    ids=["no-host", "two-hosts", "bad-host", "gzip", "bad-deadline", "trailing-slash"],
+    ids=[
+        "no-host",
+        "two-hosts",
+        "bad-host",
+        "gzip",
+        "bad-deadline",
+        "trailing-slash",
+        "cl-and-te",
+        "te-gzip",
+    ],
 )
 def test_the_head_is_checked_before_any_work(server, raw, status):
     url, _ = server
     with connect(url) as sock:
         sock.sendall(raw)
         answer = read_until_closed(sock) if b"close" in raw or status == 400 else sock.recv(65536)
-    assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer[:200]
+    assert any(answer.startswith(f"HTTP/1.1 {s}".encode()) for s in np.atleast_1d(status)), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1, answer  # one request sent, one answer
     assert b"evil.example" not in answer and b"location" not in answer.lower()
     assert serving(url)
+
+
+def test_a_refused_head_that_expects_100_continue_is_answered_without_asking_for_the_body(server):
+    """The client waits for 100 Continue before sending its body: the door must not ask for the body
+    (reading it makes uvicorn send 100 Continue) and then wait the body timeout for it."""
+    url, _ = server
+    raw = request(body=b"", extra=b"Expect: 100-continue\r\n")
+    with connect(url) as sock:
+        sock.sendall(raw.replace(b"Content-Length: 0", b"Content-Length: 50000000"))
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"100 Continue" not in answer and b"connection: close" in answer.lower()
+    assert outcomes(url)["client_errors"] >= 1 and serving(url)
 
 
 def test_error_bodies_never_echo_a_large_request(server):
@@ -271,3 +306,32 @@ def test_the_replica_bounds_a_stalled_huge_body(replica_files):
             ).status_code
             == 200
         )
+
+
+def test_sigterm_with_requests_in_flight_answers_each_one_or_refuses_it_503(replica_files):
+    """Issue 28 (graceful shutdown): uvicorn cancels what is still running when its grace period is
+    over and answered those requests 500; each must get its answer or a 503 with Retry-After."""
+    n_requests, service_ms = 12, 400  # one at a time, 4.8 s of work against a 1 s grace period
+    config = LIMITS.replace(max_batch_size=1, max_queue_delay_ms=0.0, graceful_shutdown_s=1.0)
+    answers: list[bytes] = []
+    with run_processes({"s": [*command(replica_files, config), f"--service-ms={service_ms}"]}) as urls:
+        url = urls["s"]
+
+        def send(i: int) -> None:
+            body = json.dumps({"customer_id": customer_id(i + 1, 2000)}).encode()  # no duplicates
+            with connect(url) as sock:
+                sock.sendall(request(body=body, extra=b"Connection: close\r\n"))
+                answers.append(read_until_closed(sock))
+
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(n_requests)]
+        for sender in senders:
+            sender.start()
+        wait_until(lambda: outcomes(url)["in_flight"] == n_requests, timeout_s=30, what="all in flight")
+        urls.processes["s"].send_signal(signal.SIGTERM)
+        for sender in senders:
+            sender.join(30)
+    statuses = sorted(answer[9:12] for answer in answers)
+    assert len(answers) == n_requests and set(statuses) <= {b"200", b"503"}, statuses
+    refused = [answer for answer in answers if answer.startswith(b"HTTP/1.1 503")]
+    assert refused, statuses  # the grace period ended with requests still queued
+    assert all(b"retry-after" in answer.lower() and b"shutting_down" in answer for answer in refused)

@@ -258,3 +258,45 @@ def test_the_monitored_apps_metrics_agree_with_its_clients_under_overload(replic
         s.value for s in families["churn_http_request_duration_seconds"].samples if s.name.endswith("_count")
     )
     assert count == served["ok"]  # the latency histogram covers exactly the answered requests
+
+
+def test_a_model_call_on_the_event_loop_behind_a_full_door_is_shed_by_its_wait(replica_files, pool):
+    """Lesson 6's prototype runs its model call on the event loop (here: /score's 20 ms sleep, inline).
+    Behind the default door of 128 that is a 2.6 s queue, longer than the client's 2 s timeout: in the
+    issue 28 probe of the prototype, 1,140 of 1,589 requests timed out and the p99 had not recovered
+    4 s after the spike. ``max_queue_wait_s`` refuses instead, once the oldest admitted request has
+    waited 0.5 s: the clients get 503s, none times out, and the p99 is back within 2 s."""
+    capacity = 1000.0 / SERVICE_MS  # one inline 20 ms call at a time
+    counted = DEFAULTS.replace(max_batch_size=1, max_queue_delay_ms=0.0, lifetime_s=300.0)
+    configs = {"count only": counted, "count and wait": counted.replace(max_queue_wait_s=0.5)}
+    with run_processes(
+        {k: server_command("batched", replica_files, config=c) for k, c in configs.items()}
+    ) as urls:
+        schedule = spike_schedule(
+            base_rps=0.5 * capacity,
+            spike_rps=OVERLOAD * capacity,
+            before_s=1.0,
+            spike_s=6.0,
+            after_s=4.0,
+            seed=7,
+        )
+        runs = {
+            name: pool.run(
+                url + "/score",
+                PAYLOADS,
+                rate_rps=capacity,
+                duration_s=11.0,
+                schedule_ms=schedule,
+                request_timeout_s=CLIENT_TIMEOUT_S,
+                warm_connections=0,
+            ).requests
+            for name, url in urls.items()
+        }
+    seen = {name: r["outcome"].value_counts().to_dict() for name, r in runs.items()}
+    assert seen["count only"].get("timeout", 0) > 0, seen  # what the wait bound is for
+    assert seen["count and wait"].get("timeout", 0) == 0, seen
+    assert seen["count and wait"].get("shed", 0) > 0 and seen["count and wait"].get("error", 0) == 0, seen
+    accepted = runs["count and wait"][runs["count and wait"]["ok"]]
+    rolling = rolling_p99(accepted, window_ms=1000.0, step_ms=100.0)
+    recovery = recovery_time_s(rolling, spike_end_ms=7000.0, p99_limit_ms=SLO_P99_MS)
+    assert recovery <= RECOVERY_BOUND_S, rolling[rolling["t_ms"] >= 7000.0].head(30)

@@ -79,6 +79,7 @@ def test_the_command_line_round_trips_every_field(
         ({"body_timeout_s": float("inf")}, "body_timeout_s must be a finite number"),
         ({"header_timeout_s": True}, "header_timeout_s must be"),
         ({"max_connections": 0}, "max_connections must be an integer >= 1, got 0"),
+        ({"max_queue_wait_s": -0.5}, "max_queue_wait_s must be"),
     ],
 )
 def test_limits_out_of_range_are_refused_with_their_name(changes, message):

@@ -12,6 +12,11 @@ model call where ``config.forward`` puts it:
   (timed when the app is built; ``/stats`` reports the cost and the choice).
 
 In the last two a client that disconnects cancels its request (``GET /stats``: ``client_disconnects``).
+Right before every model call the app checks that the request is still wanted
+(``course_lib.serving.service.check_still_wanted``): a request whose client has gone, or whose
+``x-request-timeout-ms`` deadline has passed (504, ``deadline_expired``), is never scored.
+Trailing-slash redirects are off (a redirect would be built from the client's ``Host`` header), and
+``GET /stats`` carries the runtime door's ``outcomes`` (what the clients saw).
 ``POST /predict`` always goes through the batcher (``x-batch-size`` and ``x-queue-wait-ms`` headers say
 how it was served); a full queue answers 503 + ``Retry-After``. ``POST /null`` reads and checks the body
 like ``/score`` and answers a constant ``{"ok": true}``: the same stack and handler with no service
@@ -51,14 +56,16 @@ from course_lib.serving.batching.predict import customer_key
 from course_lib.serving.feature_store import DEFAULT_N_CUSTOMERS, customer_id
 from course_lib.serving.production._config import OFF_LOOP_ABOVE_MS, PRODUCTION, ProductionConfig
 from course_lib.serving.production._service import ProductionService, build_service, forward_cost_ms
-from course_lib.serving.server import DEFAULTS
+from course_lib.serving.server import DEFAULTS, door_counters
 from course_lib.serving.service import (
     AppCounters,
     ClientGoneError,
+    DeadlineExceededError,
     Record,
     RequestError,
     ServiceResponse,
     cancel_on_disconnect,
+    check_still_wanted,
     read_json_body,
     refuse,
 )
@@ -139,6 +146,7 @@ def create_production_app(
         lifespan=lifespan,
         middleware=list(middleware),
     )
+    app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     app.state.service, app.state.config, app.state.batcher = service, config, batcher
     app.state.forward_mode, app.state.forward_cost_ms = mode, cost_ms
     app.state.counters = counters = AppCounters()
@@ -159,9 +167,11 @@ def create_production_app(
     ready = [False]
 
     async def in_thread(records: list[dict[str, object]]) -> Any:
+        check_still_wanted()
         return await asyncio.get_running_loop().run_in_executor(executor, service.forward, records)
 
     async def batched(records: list[dict[str, object]]) -> list[Any]:
+        check_still_wanted()
         await batcher.start()  # idempotent; a server run without lifespan events starts it here
         return [(await batcher.submit(records[0])).value]
 
@@ -169,6 +179,7 @@ def create_production_app(
         served: list[Any] = []
 
         async def forward(records: list[dict[str, object]]) -> list[Any]:
+            check_still_wanted()
             await batcher.start()
             result = await batcher.submit(records[0])
             served.append(result)
@@ -204,6 +215,11 @@ def create_production_app(
         except ClientGoneError:
             counters.client_disconnects += 1
             response = Response(status_code=499)  # never delivered: the client is gone
+        except DeadlineExceededError:
+            counters.deadline_expired += 1
+            response = refuse(
+                RequestError(504, "deadline_exceeded", "the request's deadline passed before it was scored")
+            )
         except RequestError as err:
             if err.status_code == 408:
                 counters.body_timeouts += 1
@@ -228,6 +244,7 @@ def create_production_app(
     if mode == "loop":
 
         def score_work(body: bytes) -> Response:
+            check_still_wanted()  # the whole request runs inline: the last chance to drop it
             return answer(service.handle(body))
 
     else:
@@ -276,6 +293,7 @@ def create_production_app(
             "forward_cost_ms": cost_ms,
             "config": config.describe(),
             "batcher": batcher.stats.as_dict(),
+            "outcomes": None if (outcomes := door_counters()) is None else outcomes.as_dict(),
         }
 
     @app.get("/metrics")

@@ -28,6 +28,15 @@ Where the defaults come from
 * ``max_in_flight`` 128: requests admitted at once per process; one more is answered 503 with
   ``Retry-After: retry_after_s`` (1 s) before any of its work starts. 128 requests of a millisecond
   each are a 128 ms queue: well inside Lesson 2's SLO, so a full door means overload, not a burst.
+* ``max_queue_wait_s`` 0 (off): a new request is also refused 503 when the oldest request admitted
+  and still in progress entered the door longer ago than this. ``max_in_flight`` is a count and
+  assumes ~1 ms requests; an app that runs a 10 ms model call on its event loop (Lesson 6's
+  prototype) queues 128 x 10 ms = 1.3 s behind a full door, longer than a client's timeout, so its
+  clients time out instead of being refused. Measured (issue 28 probe, 4x overload, 2 s client
+  timeout): 1,140 of 1,589 requests timed out and the p99 had not recovered 4 s after the spike;
+  with this bound at 0.5 s no request timed out and the p99 recovered in under 1 s. Off by default:
+  a server whose requests are meant to wait (a replica with injected stalls, a long batching delay)
+  would refuse everything behind one slow request (the idea of CoDel's target sojourn time, RFC 8289).
 * ``max_pipeline_depth`` 16: requests one connection may queue behind the one being answered
   (HTTP/1.1 pipelining); beyond that the server stops reading the connection, answers what it
   holds and closes it (RFC 9112 section 9.3.2: the client retries the rest).
@@ -64,7 +73,8 @@ class ServerConfig:
     Raises
     ------
     course_lib.core.checks.InvalidArgumentError
-        (a ``ValueError``) for a time limit that is not a finite number > 0, a count below 1, an
+        (a ``ValueError``) for a time limit that is not a finite number > 0 (``max_queue_wait_s``:
+        >= 0, 0 meaning off), a count below 1, an
         unknown ``http`` or ``loop``, an ``open_files_limit`` too small for ``max_connections``, or
         ``max_drain_bytes`` below ``max_body_bytes`` (batcher knobs are checked by
         ``DynamicBatcher`` itself).
@@ -88,6 +98,7 @@ class ServerConfig:
     open_files_limit: int = 0
     max_in_flight: int = 128
     retry_after_s: int = 1
+    max_queue_wait_s: float = 0.0
     max_pipeline_depth: int = 16
     max_body_bytes: int = 1_048_576
     max_drain_bytes: int = 8_388_608
@@ -102,6 +113,7 @@ class ServerConfig:
         for name in _COUNTS:
             integer(name, getattr(self, name), min=1)
         integer("open_files_limit", self.open_files_limit, min=0)
+        number("max_queue_wait_s", self.max_queue_wait_s, min=0)
         one_of("http", self.http, HTTP_PARSERS)
         one_of("loop", self.loop, EVENT_LOOPS)
         if self.open_files_limit and self.open_files_limit < self.files_needed:

@@ -3,13 +3,23 @@
 One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style, no
 ``BaseHTTPMiddleware``) that the runtime wraps around every app. Before any of a request's work starts:
 
-* **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), no ``Content-Encoding``
+* **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), not both
+  ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.1: the framing a proxy and this
+  server could read differently, request smuggling; 400 and the connection closed, so bytes after
+  the body are never read as a request), no ``Content-Encoding`` and no ``Transfer-Encoding`` but
+  ``chunked``
   other than ``identity`` (415: nothing here decodes gzip, so it would be scored as garbage), a
   declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
 * **admission**: at most ``max_in_flight`` requests of this process are admitted at once (counted
   from the door to their last byte, across at least one event-loop pass, so requests that arrived
   together are counted together even when the app's handler never yields); one more is answered 503
   with ``Retry-After`` at once, oldest admitted first (health and stats probes are never refused);
+  with ``max_queue_wait_s`` set, one is also refused while the oldest admitted request still in
+  progress entered more than that long ago (a count cannot tell 1 ms requests from 10 ms ones; a
+  request waiting for its client's body is not counted, so a slow uploader cannot make others shed),
+  and an admitted request still waiting for its model call that long after admission is answered
+  503 instead of being scored (the bound is its ``request_deadline``: requests admitted together,
+  in one loop pass, are all admitted, and only the last check before the model sees their wait);
 * **clients that left**: a request whose client has already closed its connection is dropped (it
   never reaches the app; the app checks again right before its model call, ``client_gone``);
 * **deadlines**: ``x-request-timeout-ms: N`` (the client's own timeout) sets a deadline the app can
@@ -18,8 +28,12 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
 While the app runs, the body is bounded in size and in time (``max_body_bytes``, ``body_timeout_s``
 from the end of the headers): past either, the app's ``receive`` reports a disconnect and the client
 gets 413 or 408 (``body_refusal`` tells the app which). An error answer to a body not yet read is
-sent after reading and discarding the rest (up to ``max_drain_bytes``), so the client can read it;
-error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retry-After``.
+sent after reading and discarding the rest (up to ``max_drain_bytes``), so the client can read it
+(a request refused at the head that carries ``Expect: 100-continue`` is answered at once and its
+connection closed: its client sends no body until told to, RFC 9110 section 10.1.1);
+error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retry-After``. A request
+still unanswered when the server's graceful shutdown ends (uvicorn cancels it, and would answer 500)
+is answered 503 ``shutting_down``.
 
 ``DoorCounters`` counts every request once by what its client saw: ``ok`` (2xx/3xx), ``shed``
 (503), ``expired`` (504), ``client_errors`` (other 4xx), ``server_errors`` (other 5xx) or
@@ -86,10 +100,12 @@ class Door:
         self.app = app
         self.config = config
         self.counters = DoorCounters(max_in_flight=config.max_in_flight)
+        # admitted, in progress and not waiting for its client's body: id(exchange) -> loop time admitted
+        self._entered: dict[int, float] = {}
 
     # -- the head -------------------------------------------------------------------------------------
     def _check_head(self, scope: dict[str, Any]) -> tuple[Refusal | None, float | None]:
-        hosts, encodings, length, timeout = [], [], None, None
+        hosts, encodings, length, timeout, chunked = [], [], None, None, False
         for name, value in scope.get("headers", ()):
             if name == b"host":
                 hosts.append(value)
@@ -97,14 +113,25 @@ class Door:
                 encodings.append(value)
             elif name == b"content-length":
                 length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+                encodings.extend(t for t in value.split(b",") if t.strip().lower() != b"chunked")
             elif name == DEADLINE_HEADER:
                 timeout = value
         if len(hosts) > 1 or (not hosts and scope.get("http_version") != "1.0"):
             return Refusal(400, "bad_host", "a request must carry exactly one Host header"), None
+        if chunked and length is not None:  # the framing two parsers may read differently (smuggling)
+            return Refusal(
+                400, "bad_framing", "send either Content-Length or Transfer-Encoding, not both"
+            ), None
         if hosts and not _HOST.match(hosts[0]):
             return Refusal(400, "bad_host", "the Host header is not a host name or address"), None
         if any(token.strip().lower() not in (b"", b"identity") for v in encodings for token in v.split(b",")):
-            return Refusal(415, "unsupported_encoding", "send the body without Content-Encoding"), None
+            return Refusal(
+                415,
+                "unsupported_encoding",
+                "send the body without Content-Encoding, and without a Transfer-Encoding other than chunked",
+            ), None
         if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
             return Refusal(
                 413, "body_too_large", f"the request body exceeds {self.config.max_body_bytes} bytes"
@@ -139,10 +166,19 @@ class Door:
                 return await self.app(scope, receive, send)
             counters.requests += 1
             if refusal is not None:
-                await self._refuse(exchange, refusal, receive, send)
+                # a client that waits for 100 Continue sends no body: answer now, never ask for it
+                waiting = any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"])
+                exchange.body_done = exchange.body_done or waiting
+                await self._refuse(exchange, refusal, receive, send, close=waiting)
             elif counters.in_flight >= config.max_in_flight:
                 counters.shed_at_door += 1
                 shed = Refusal(503, "overloaded", f"{config.max_in_flight} requests are in progress here")
+                await self._refuse(exchange, shed, receive, send)
+            elif self._waited_too_long(loop.time()):
+                counters.shed_at_door += 1
+                shed = Refusal(
+                    503, "overloaded", f"requests here have waited over {config.max_queue_wait_s:g} s"
+                )
                 await self._refuse(exchange, shed, receive, send)
             else:
                 await self._admit(exchange, scope, receive, send)
@@ -151,9 +187,20 @@ class Door:
         if not probe or refusal is not None:
             self._count(exchange, time.perf_counter() - started)
 
+    def _waited_too_long(self, now: float) -> bool:
+        limit = self.config.max_queue_wait_s
+        return bool(limit and self._entered and now - min(self._entered.values()) > limit)
+
     async def _admit(self, exchange: _Exchange, scope: dict[str, Any], receive: Any, send: Any) -> None:
         counters = self.counters
         counters.in_flight += 1
+        now = asyncio.get_running_loop().time()
+        self._entered[id(exchange)] = now
+        exchange.admitted = True
+        if self.config.max_queue_wait_s:  # the app's last check before its model call reads it
+            exchange.client_deadline = exchange.deadline
+            bound = now + self.config.max_queue_wait_s
+            exchange.deadline = bound if exchange.deadline is None else min(exchange.deadline, bound)
         try:
             # Yield once: requests read together are admitted together. A handler that never yields
             # (a model called on the event loop) would otherwise finish each request before the next
@@ -167,6 +214,13 @@ class Door:
                 await self.app(
                     scope, self._receiver(exchange, receive), self._sender(exchange, receive, send)
                 )
+            except asyncio.CancelledError:
+                # uvicorn cancels the requests still running when its graceful shutdown is over and
+                # would answer them 500; a request not yet answered is refused instead, so its
+                # client knows to retry elsewhere (nothing else here cancels a request's task)
+                if exchange.status is not None:
+                    raise
+                exchange.refusal = Refusal(503, "shutting_down", "the server is stopping; retry")
             except Exception:
                 gone = exchange.connection is not None and exchange.connection.client_gone()
                 if exchange.refusal is None and not gone:
@@ -176,6 +230,8 @@ class Door:
                 await self._refuse(exchange, exchange.refusal, receive, send)
         finally:
             counters.in_flight -= 1
+            exchange.admitted = False
+            self._entered.pop(id(exchange), None)
 
     def _receiver(self, exchange: _Exchange, receive: Any) -> Any:
         config = self.config
@@ -186,6 +242,8 @@ class Door:
             if exchange.body_done:
                 return await receive()
             remaining = exchange.body_deadline - asyncio.get_running_loop().time()
+            # waiting for the client's body is not waiting for this server (nor a reason to shed others)
+            entered = self._entered.pop(id(exchange), None)
             try:
                 async with asyncio.timeout(max(remaining, 0.0)):
                     message = await receive()
@@ -194,6 +252,9 @@ class Door:
                     408, "body_timeout", f"the request body did not arrive within {config.body_timeout_s:g} s"
                 )
                 return {"type": "http.disconnect"}
+            finally:
+                if entered is not None and exchange.admitted:
+                    self._entered[id(exchange)] = entered
             if message["type"] == "http.request":
                 exchange.body_bytes += len(message.get("body", b""))
                 exchange.body_done = not message.get("more_body", False)
@@ -214,6 +275,14 @@ class Door:
         async def checked_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                queue_bound = config.max_queue_wait_s and exchange.deadline != exchange.client_deadline
+                if status == 504 and queue_bound and exchange.refusal is None:
+                    # the queue-wait bound passed, not the client's deadline: overload, refused 503
+                    self.counters.shed_at_door += 1
+                    exchange.refusal = Refusal(
+                        503, "overloaded", f"this request waited over {config.max_queue_wait_s:g} s here"
+                    )
+                    return None  # the door answers instead (see _admit)
                 if exchange.refusal is not None and status != exchange.refusal.status:
                     return  # the door answers instead (see _admit)
                 headers = list(message.get("headers", ()))
@@ -278,12 +347,15 @@ class Door:
             exchange.body_done = not message.get("more_body", False)
         return exchange.body_done
 
-    async def _refuse(self, exchange: _Exchange, refusal: Refusal, receive: Any, send: Any) -> None:
+    async def _refuse(
+        self, exchange: _Exchange, refusal: Refusal, receive: Any, send: Any, *, close: bool = False
+    ) -> None:
         config = self.config
         exchange.body_done = exchange.body_done or refusal.status == 503
         drained = exchange.body_done or refusal.status in (408, 503) or await self._drain(exchange, receive)
         retry = config.retry_after_s if refusal.status == 503 else None
-        start, body = _json_answer(refusal, close=not drained or refusal.status == 400, retry_after_s=retry)
+        close = close or not drained or refusal.status == 400
+        start, body = _json_answer(refusal, close=close, retry_after_s=retry)
         exchange.status = refusal.status
         exchange.gone_at_answer = exchange.connection is not None and exchange.connection.client_gone()
         exchange.complete = True

@@ -78,6 +78,8 @@ class _Exchange:
     replace_body: bool = False
     complete: bool = False
     gone_at_answer: bool = False
+    admitted: bool = False  # between the door's admission and the app's return
+    client_deadline: float | None = None  # the client's own, when the door's queue-wait bound replaced it
 
 
 def request_deadline() -> float | None:
