@@ -57,6 +57,7 @@ MIB = 1024**2
 HELD = {
     ("ast-transformer", "ps1"),
     ("course-lib-tamper", "ps1"),
+    ("cpu-burner", "ps4"),
     ("displayhook-hook", "ps1"),
     ("displayhook-hook", "ps2"),
     ("gradebook-daemon", "ps1"),
