@@ -192,6 +192,9 @@ def test_command_line_prints_a_score_table_per_assignment_with_submissions(cours
         ("import sys\nsys.modules['math'] = proxy", "sys.modules"),
         ("import os\nos.rename(a, b)", "os.rename"),
         ("from pathlib import Path\nPath(name).replace(target)", ".replace"),
+        ("import os as _os\n_os.fork()", "os.fork"),
+        ("import course_lib.grading.kernel_side as ks\nks.serve = mine", "grader's own code"),
+        ("from course_lib.grading import kernel_side", "grader's own code"),
     ],
 )
 def test_screen_flags_kernel_level_code(source, reason):
@@ -533,3 +536,72 @@ def test_the_watchdog_kills_a_sandboxed_kernel_whose_children_take_too_much_memo
         assert 0 < km.peak_memory_bytes() <= 512 * 1024**2 + 400 * 1024**2
 
     _in_sandboxed_kernel(tmp_path, scenario, containment="watchdog", sandbox_memory_bytes=512 * 1024**2)
+
+
+BURNERS = (
+    "import os\n"
+    "for _ in range(3):  # CPU burners that would compete with the baseline while it is timed\n"
+    "    if os.fork() == 0:\n"
+    "        while True:\n"
+    "            pass\n"
+)
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (stat fields 14 and 15)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("sandbox", MECHANISMS)
+def test_a_paused_sandbox_runs_nothing_until_the_block_ends(tmp_path, sandbox):
+    """What the speed checks rely on: while the baseline is timed, nothing of the submission runs."""
+    import time
+
+    from course_lib.core.waiting import async_wait_until
+    from course_lib.grading.limits import sandbox_processes
+
+    async def scenario(kc, km, folder):
+        status, out = await _execute(kc, BURNERS)
+        assert status == "ok", out
+        top = km.provisioner.process.pid
+
+        async def burning():
+            return len(sandbox_processes(top)) >= 4 + 1  # the kernel, 3 burners, the sandbox's own
+
+        await async_wait_until(burning, timeout_s=30, interval_s=0.05, what="the burners to start")
+        with km.paused() as stopped:
+            assert set(sandbox_processes(top)) <= set(stopped)
+            assert {_state(pid) for pid in stopped} <= {"T", "t"}, "every process is stopped"
+            before = {pid: _cpu_ticks(pid) for pid in stopped}
+            time.sleep(0.5)
+            assert {pid: _cpu_ticks(pid) for pid in stopped} == before, "no CPU used while paused"
+        burners = [pid for pid in sandbox_processes(top) if _state(pid) == "R"]
+        start = {pid: _cpu_ticks(pid) for pid in burners}
+        time.sleep(0.5)
+        assert burners and any(_cpu_ticks(pid) > start[pid] for pid in burners), "they run again after it"
+
+    _in_sandboxed_kernel(tmp_path, scenario, sandbox)
+
+
+def test_an_interpreter_started_through_a_relative_path_is_shown_to_the_kernel_at_its_absolute_path(
+    tmp_path, monkeypatch
+):
+    """``../.venv/bin/python -m course_lib.grading`` from exercises/: ``exercises/..`` is not in the sandbox."""
+    import os
+
+    from course_lib.grading.view import kernel_view
+
+    relative = os.path.join(os.path.dirname(sys.executable), "..", "bin", os.path.basename(sys.executable))
+    monkeypatch.setattr(sys, "executable", relative)
+    (tmp_path / "seed").mkdir()
+    view = kernel_view(
+        [relative, "-m", "ipykernel_launcher"], cwd="/c", seed_dir=str(tmp_path / "seed"), connection_dir="/c"
+    )
+    python = os.path.abspath(relative)
+    assert view.command[0] == python and python in view.command[1:], view.command
+    assert ".." not in python.split(os.sep)
+    assert any(dest == os.path.dirname(python) for _, dest in view.read_only), view.read_only

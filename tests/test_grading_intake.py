@@ -212,3 +212,15 @@ def test_contain_uses_a_delegated_cgroup_v2_when_one_is_writable(monkeypatch, tm
     assert not folder.exists()
     with pytest.raises(ValueError, match="prefer must be"):
         limits.contain(MIB, 1, prefer="docker")
+
+
+def test_the_report_says_why_a_kernel_was_replaced(tmp_path):
+    """A flood of output ends the kernel; the instructor must read why q1 then fails with a NameError."""
+    from course_lib.grading.report import report_text, update_report
+
+    why = "the kernel died while running this cell (killed, out of memory or os._exit)"
+    update_report(tmp_path, "ps1", "flood", "replaced", [why], notebook="ps1")
+    update_report(tmp_path, "ps1", "calm", "replaced", [], notebook="ps1")
+    text = report_text(tmp_path, "ps1")
+    assert f"flood\n  ps1: kernel replaced: {why}" in text
+    assert text.endswith("nothing to report: calm")

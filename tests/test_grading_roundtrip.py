@@ -57,6 +57,7 @@ MIB = 1024**2
 HELD = {
     ("ast-transformer", "ps1"),
     ("course-lib-tamper", "ps1"),
+    ("cpu-burner", "ps4"),
     ("displayhook-hook", "ps1"),
     ("displayhook-hook", "ps2"),
     ("gradebook-daemon", "ps1"),
@@ -628,6 +629,8 @@ def test_a_cell_that_ignores_the_interrupt_or_a_call_that_kills_the_kernel_costs
     )
     assert _scores(graded["root"], "ps3", "ignore-interrupt") == [2.0, 3.0, 3.0, 0.0]
     assert _scores(graded["root"], "ps1", "kill-kernel") == [3.0, 0.0, 2.0, 2.0]
+    replaced = _report(graded["root"], "ps1", "kill-kernel")["notebooks"]["ps1"]["replaced"]
+    assert any("ended the kernel" in why for why in replaced), replaced
 
 
 def test_warnings_and_log_messages_do_not_cost_points(graded):

@@ -19,9 +19,11 @@ Jupyter messaging specification 5.4: ``execute_request`` (``store_history``, ``u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from queue import Empty
 from typing import Any
@@ -156,6 +158,16 @@ class KernelCalls:
         return Outcome(self._answer(reply), elapsed)
 
     request_sync = run_sync(request)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """This kernel's processes stopped for the block, when its manager can (a sandboxed kernel's)."""
+        pause = getattr(self.km, "paused", None)
+        if pause is None:
+            yield
+            return
+        with pause():
+            yield
 
     def _answer(self, reply: dict) -> Answer:
         content = reply.get("content")

@@ -123,6 +123,9 @@ class Question:
         self._reference = reference
         self._label = "the grader's checks"
         self.notes: list[str] = []
+        #: Wall time of the last request that answered, seconds, timed by the grader (request sent to
+        #: reply received): an upper bound on any time the kernel reports about what ran in it.
+        self.last_elapsed_s = 0.0
 
     @contextlib.contextmanager
     def step(self, label: str) -> Iterator[None]:
@@ -166,15 +169,15 @@ class Question:
     def _answer(self, op: str, *, target: str = "", **request) -> Answer:
         what = target or "the grader's request"
         try:
-            return (
-                self._calls()
-                .request_sync(op, target=target or None, timeout_s=self._timeout(), **request)
-                .answer
+            outcome = self._calls().request_sync(
+                op, target=target or None, timeout_s=self._timeout(), **request
             )
         except KernelLostError as error:
             raise CheckError(f"{self._label}: {what} {error.reason}", error.detail) from error
         except CallError as error:
             raise CheckError(f"{self._label}: {what} {error.reason}", error.detail) from None
+        self.last_elapsed_s = outcome.elapsed_s
+        return outcome.answer
 
     def _value(self, answer: Answer, what: str) -> Any:
         if answer.raised is not None:

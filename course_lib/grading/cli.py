@@ -27,6 +27,7 @@ Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from course_lib.grading.intake import INTAKE_DIR, intake
 from course_lib.grading.report import report_text
 from course_lib.grading.sandbox import MECHANISMS, find_sandbox
 
-__all__ = ["main", "run_intake"]
+__all__ = ["error_lines", "main", "run_intake"]
 
 COMMANDS = ("autograde", "intake", "report", "feedback", "validate", "scores")
 #: Exit status when autograde refuses to run without a sandbox.
@@ -99,6 +100,26 @@ def run_intake(course_root, assignment: str, *, student: str | None = None) -> l
     return results
 
 
+def error_lines(log: str) -> list[str]:
+    """nbgrader's ``ERROR`` lines with the traceback lines that follow each (nbgrader does not prefix them).
+
+    Examples
+    --------
+    >>> error_lines("[A | INFO] ok\\n[A | ERROR] Traceback (most recent call last):\\n  File x\\nKeyError: 1\\n[A | INFO] next")
+    ['[A | ERROR] Traceback (most recent call last):', '  File x', 'KeyError: 1']
+    """
+    kept: list[str] = []
+    in_error = False
+    for line in log.splitlines():
+        if line.startswith("["):
+            in_error = "ERROR" in line or "There was an error" in line
+        elif re.match(r"\S.*Warning: ", line):  # a Python warning (SQLAlchemy's SAWarning...) ends a block
+            in_error = False
+        if in_error and line.strip():
+            kept.append(line)
+    return kept
+
+
 def _autograde(args) -> int:
     broken = config_error(args.course_root)
     if broken is not None:
@@ -129,10 +150,13 @@ def _autograde(args) -> int:
     status = 0
     if any(r.accepted for r in results):
         done = run_nbgrader(*nbgrader_args, course_root=args.course_root, timeout_s=args.timeout_s)
-        errors = [
-            line for line in done.stderr.splitlines() if "ERROR" in line or "There was an error" in line
-        ]
-        print("\n".join(errors[-20:]) or "nbgrader autograde: no errors")
+        log = _course_root(args.course_root) / "reports" / args.assignment / "nbgrader-autograde.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(done.stderr, encoding="utf-8")
+        errors = error_lines(done.stderr)
+        print("\n".join(errors[-40:]) or "nbgrader autograde: no errors")
+        if errors:
+            print(f"(nbgrader's whole log: {log})")
         status = done.returncode
         if "Exception while loading config file" in done.stderr:
             print(

@@ -120,6 +120,7 @@ class GuardedExecute(Execute):
         self._kept_bytes = 0
         self._dropped = False
         self._limits: list[str] = []
+        self._replaced: list[str] = []
         self._peak_bytes = 0
         self._containment = "none"
         self._results: dict[str, Result] = {}
@@ -148,6 +149,9 @@ class GuardedExecute(Execute):
             "containment",
             self._containment,
             notebook=info["notebook"],
+        )
+        update_report(
+            folder, info["assignment"], info["student"], "replaced", self._replaced, notebook=info["notebook"]
         )
         peak_mib = round(self._peak_bytes / 1024**2, 1)
         update_report(
@@ -217,6 +221,7 @@ class GuardedExecute(Execute):
     def _replace_kernel(self, why: str) -> None:
         """Kill the kernel, start a fresh one, replay the non-test cells that ran well so far."""
         self._restarts += 1
+        self._replaced.append(why)
         self._kernel_events()
         self.log.warning("Replacing the kernel (%s); replacement %d", why, self._restarts)
         if self._restarts > self.max_kernel_restarts:
@@ -251,7 +256,10 @@ class GuardedExecute(Execute):
             self.execute_cell(cell, index, store_history=True)
         except (CellTimeoutError, DeadKernelError) as error:
             if isinstance(error, DeadKernelError):
-                note = "the kernel died while running this cell (killed, out of memory or os._exit)"
+                note = (
+                    "the kernel died while running this cell (killed, out of memory or os._exit), or "
+                    "sent a message over the grader's limit"
+                )
             else:
                 note = f"no answer {self.iopub_timeout} s after the interrupt: the cell ignored it"
             cell.setdefault("outputs", []).append(_error_output(type(error).__name__, note))

@@ -36,12 +36,13 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_lib.core.checks import integer, one_of
 
-__all__ = ["CONTAINMENTS", "Containment", "contain", "sandbox_processes"]
+__all__ = ["CONTAINMENTS", "Containment", "contain", "paused_processes", "sandbox_processes"]
 
 #: Ways to bound a sandbox, in the order ``auto`` tries them.
 CONTAINMENTS = ("cgroup2", "cgroup1", "watchdog")
@@ -70,6 +71,48 @@ def sandbox_processes(top_pid: int) -> list[int]:
         seen.append(pid)
         todo += _children(pid)
     return seen
+
+
+@contextlib.contextmanager
+def paused_processes(top_pid: int) -> Iterator[list[int]]:
+    """Stop ``top_pid`` and every process below it (``SIGSTOP``) for the block, then continue them.
+
+    A process forked while the tree is being stopped is found by looking again, until a look finds
+    none new. Used while the grader times the baseline (:func:`course_lib.grading.reference.speedup`),
+    so that nothing a submission started (a CPU burner between its own calls) runs then.
+
+    Yields
+    ------
+    list of int
+        The processes stopped (empty if ``top_pid`` is gone).
+    """
+    stopped: list[int] = []
+    try:
+        for _ in range(100):
+            new = [pid for pid in sandbox_processes(top_pid) if pid not in stopped]
+            if not new:
+                break
+            for pid in new:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped += new
+        deadline = time.monotonic() + 1.0  # a signal takes effect when its process is next scheduled
+        while time.monotonic() < deadline and not all(map(_is_stopped, stopped)):
+            time.sleep(0.0005)
+        yield stopped
+    finally:
+        for pid in reversed(stopped):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T``/``t`` in ``/proc/<pid>/stat``) or gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t", "Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def _pss_bytes(pid: int) -> int:

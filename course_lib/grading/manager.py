@@ -35,6 +35,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import DottedObjectName, Integer, Type, Unicode
 
-from course_lib.grading.limits import Containment, contain, sandbox_processes
+from course_lib.grading.limits import Containment, contain, paused_processes, sandbox_processes
 from course_lib.grading.sandbox import SandboxCheck, SandboxUnavailableError, find_sandbox, sandbox_command
 from course_lib.grading.view import GIB, IPC_DIR, MIB, kernel_view
 
@@ -275,6 +276,18 @@ class SandboxedKernelManager(AsyncKernelManager):
             return stat.S_ISSOCK(os.lstat(path).st_mode)
         except OSError:
             return False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[list[int]]:
+        """The kernel and every process it started, stopped for the block (``limits.paused_processes``)."""
+        process = getattr(self.provisioner, "process", None) if self.provisioner is not None else None
+        top = self._containment._top_pid if self._containment is not None else None
+        top = top or getattr(process, "pid", None)
+        if top is None:
+            yield []
+            return
+        with paused_processes(top) as stopped:
+            yield stopped
 
     def kill_sandbox(self) -> None:
         """Kill the sandbox and remove its cgroups and scratch folder, without the event loop."""

@@ -76,11 +76,14 @@ class ReferenceKernel:
         calls = KernelCalls(km, kc)
         source = f"def check(ns):\n    exec({self.setup!r}, ns)\n    return True"
         try:
-            await calls.request("run", source=source, timeout_s=self.setup_timeout_s)
+            outcome = await calls.request("run", source=source, timeout_s=self.setup_timeout_s)
         except CallError as error:
             raise GraderError(
                 f"the reference kernel's setup failed: {error.reason} {error.detail}"
             ) from error
+        if outcome.answer.raised is not None:  # the setup itself raised: say what, not a later NameError
+            raised = outcome.answer.raised
+            raise GraderError(f"the reference kernel's setup raised {raised.name}: {raised.message}")
         self._calls = calls
 
     def request(self, op: str, **request: Any) -> Any:
@@ -161,7 +164,11 @@ def speedup(
     kernel would be timed as the round trip); ``baseline`` a function of the reference kernel. Every
     request takes its own input from ``inputs`` (warm-up first, then the rounds; both sides get the
     same inputs in the same order) and is timed from the grader's side, request to answer, so both
-    include the same round trip. The ratio is ``p99_median_of_rounds_us(baseline) /
+    include the same round trip. While the baseline is timed, every process of the student's
+    sandbox is stopped (``SIGSTOP``), so nothing the submission started competes with it for the CPU.
+    Stopping it is timed with the baseline: a walk over the sandbox's processes in ``/proc``, small
+    next to a baseline request (it grows with the processes, at most ``max_processes``); timed with
+    the student's calls instead it would weigh on a fast solution's much shorter requests. The ratio is ``p99_median_of_rounds_us(baseline) /
     p99_median_of_rounds_us(student)`` (:mod:`course_lib.core.bench`) over the requests' times;
     ``low`` and ``high`` are the smallest and largest ratio of one round's p99s.
 
@@ -190,9 +197,12 @@ def speedup(
         answers["student"].append(question.run(student, given) if run else question.call(student, given))
 
     def baseline_call() -> None:
-        outcome = reference.request_sync(
-            "call", target=baseline, args=(next(sources["baseline"]),), timeout_s=120
-        )
+        # the student's kernel and all it started stay stopped meanwhile: nothing of the submission
+        # (a CPU burner waiting for its own calls to end) can slow the baseline down
+        with question.calls().paused():
+            outcome = reference.request_sync(
+                "call", target=baseline, args=(next(sources["baseline"]),), timeout_s=120
+            )
         if outcome.answer.raised is not None:
             raise GraderError(f"the baseline raised {outcome.answer.raised.name}")
         answers["baseline"].append(outcome.answer.value)

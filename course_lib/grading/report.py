@@ -57,6 +57,7 @@ def _student_lines(report: dict) -> list[str]:
         lines += [f"  {notebook}: normalised: {event}" for event in found.get("events", [])]
         lines += [f"  {notebook}: flagged: {flag}" for flag in found.get("flags", [])]
         lines += [f"  {notebook}: limit: {event}" for event in found.get("limits", [])]
+        lines += [f"  {notebook}: kernel replaced: {why}" for why in found.get("replaced", [])]
         if found.get("limits") and found.get("peak_memory_mib"):
             lines.append(f"  {notebook}: the sandbox's memory peaked at {found['peak_memory_mib']:g} MiB")
         for grade_id, verdict in found.get("grader", {}).items():

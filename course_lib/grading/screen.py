@@ -94,6 +94,8 @@ FLAGGED_MODULES = {
     "jupyter_client": "reaches into the kernel's messaging (jupyter_client)",
     "gc": "walks the interpreter's objects (gc)",
 }
+#: The grader's package: no question needs it (a notebook that imports it can patch what answers the grader).
+GRADER_PACKAGE = "course_lib.grading"
 #: IPython modules a notebook may import (displaying results is ordinary); the rest of IPython is flagged.
 ALLOWED_IPYTHON = ("IPython.display", "IPython.core.display")
 _WRITE_MODE = re.compile(r"[wax+]")
@@ -170,11 +172,19 @@ def scan_source(source: str, allowed_modules: tuple[str, ...] = ()) -> list[str]
         found += [why for module, why in modules.items() if module in words]
         return list(dict.fromkeys(found)) or ["is not valid Python: could not be screened"]
     found = []
+    aliases = {  # import os as _os: _os.fork is os.fork
+        alias.asname: alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.asname
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id in FLAGGED_NAMES:
             found.append(FLAGGED_NAMES[node.id])
         elif isinstance(node, ast.Attribute):
             owner = node.value.id if isinstance(node.value, ast.Name) else None
+            owner = aliases.get(owner, owner) if owner is not None else None
             why = FLAGGED_ATTRIBUTES.get((owner, node.attr)) or FLAGGED_ATTRIBUTES.get((None, node.attr))
             if why:
                 found.append(why)
@@ -182,7 +192,9 @@ def scan_source(source: str, allowed_modules: tuple[str, ...] = ()) -> list[str]
             module = (node.module or "") if isinstance(node, ast.ImportFrom) else None
             names = [alias.name for alias in node.names] if module is None else [module]
             for name in names:
-                if name.split(".")[0] in modules:
+                if name == GRADER_PACKAGE or name.startswith(GRADER_PACKAGE + "."):
+                    found.append("imports the grader's own code (course_lib.grading)")
+                elif name.split(".")[0] in modules:
                     found.append(modules[name.split(".")[0]])
                 elif name.split(".")[0] == "IPython" and not name.startswith(ALLOWED_IPYTHON):
                     found.append("reaches into IPython")

@@ -234,11 +234,15 @@ def kernel_view(
     for path, value in sizes.items():
         if value < 1:
             raise ValueError(f"the in-memory file system at {path} needs a size >= 1 byte, got {value}")
+    # the interpreter as an absolute path without "..": started as ../.venv/bin/python, the path as
+    # written would go through folders the sandbox does not show
+    python = os.path.abspath(sys.executable)
+    kernel_cmd = [python if part == sys.executable else part for part in kernel_cmd]
     python_dirs = [
         Path(sys.prefix),
         Path(sys.base_prefix),
         Path(sys.exec_prefix),
-        Path(sys.executable).parent,
+        Path(python).parent,
     ]
     symlinks = [(os.readlink(top), top) for top in TOP_FOLDERS if os.path.islink(top)]
     top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
@@ -246,7 +250,7 @@ def kernel_view(
     # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
     # can read them (the capstone's baseline) and never change them.
     course = [REPO_ROOT / "course_lib", REPO_ROOT / "data", REPO_ROOT / "build"]
-    launcher = [sys.executable, "-I", "-c", _LIMITS_LAUNCHER]
+    launcher = [python, "-I", "-c", _LIMITS_LAUNCHER]
     launcher += [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes), str(max_processes)]
     launcher += [SEED_DIR, cwd]
     read_only = _read_only(top_dirs + system + python_dirs + course)

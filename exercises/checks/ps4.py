@@ -165,11 +165,15 @@ def budget_of(q):
 
 
 def fast_probabilities(q, rows, n):
+    """fast_predict_proba of ``rows``: ``n`` probabilities, checked here before the reference kernel
+    sees them (its metrics raise on a value outside [0, 1], which would stop the whole submission)."""
     got = q.call("fast_predict_proba", Records(rows))
     q.expect(
         type(got) is np.ndarray and got.shape == (n,) and np.isfinite(got.astype(float)).all(), f"{got!r}"
     )
-    return got.astype(float)
+    p = got.astype(float)
+    q.expect(bool(((p >= 0.0) & (p <= 1.0)).all()), f"values outside [0, 1]: {p.min():g} to {p.max():g}")
+    return p
 
 
 @CHECKS.question("q3")
