@@ -65,6 +65,7 @@ HELD = {
     ("helpers-module", "ps1"),
     ("inspect-oracle", "ps1"),
     ("module-proxy", "ps1"),
+    ("request-logger", "ps1"),
     ("session-patch", "ps1"),
     ("session-patch", "ps3"),
     ("session-patch", "ps5"),
@@ -683,6 +684,9 @@ def test_no_feedback_holds_a_grader_check_line_another_file_or_a_student_script(
     assert "<script>" not in outputs and "<img" not in outputs, "formgrader shows the autograded notebook"
     history = _html_text(graded["root"] / "feedback" / "print-history" / "ps1" / "ps1.html")
     assert "def max_parallel_calls" in history, "print(In) printed the history: only the student's own cells"
+    spy = _html_text(graded["root"] / "feedback" / "request-logger" / "ps1" / "ps1.html")
+    assert "REQUESTS KEPT 0" in spy, "the checks ran before a later cell could print their requests"
+    assert "Grader's checks: passed, 3 of 3 points." in spy, "and they were graded all the same"
 
 
 def test_feedback_gives_each_questions_verdict_without_hidden_inputs(graded):

@@ -15,6 +15,7 @@ import nbformat
 import pytest
 
 from course_lib.grading import main
+from course_lib.grading.cli import VISIBLE_ONLY
 
 REPO = Path(__file__).resolve().parents[1]
 STUDENT_CONFIG = REPO / "config" / "student-jupyter"
@@ -98,9 +99,13 @@ def test_the_validate_command_exits_1_on_a_failing_check_and_0_when_all_pass(tmp
     warns = _notebook(tmp_path / "warns", RIGHT.format(noise="__import__('warnings').warn('slow')"), CHECK)
     with pytest.raises(SystemExit) as stopped:
         main(["validate", str(wrong)])
-    assert stopped.value.code == 1 and "VALIDATION FAILED ON 1 CELL(S)" in capsys.readouterr().out
+    failing = capsys.readouterr().out
+    assert stopped.value.code == 1 and "VALIDATION FAILED ON 1 CELL(S)" in failing
+    assert VISIBLE_ONLY not in failing
     main(["validate", str(warns)])
-    assert "Success! Your notebook passes all the tests." in capsys.readouterr().out
+    passing = capsys.readouterr().out
+    assert "Success! Your notebook passes all the tests." in passing
+    assert VISIBLE_ONLY in passing, "says that the visible checks decide no points"
 
 
 def test_validate_names_a_missing_notebook_in_one_line(tmp_path, capsys):

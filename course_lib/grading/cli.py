@@ -46,6 +46,11 @@ from course_lib.grading.sandbox import MECHANISMS, find_sandbox
 
 __all__ = ["error_lines", "main", "run_intake"]
 
+#: Printed under nbgrader's "Success!" for a notebook that passes: what passing means, and what it does not.
+VISIBLE_ONLY = (
+    "These were the notebook's visible checks. The grader calls your functions with other inputs and "
+    "decides the points from what they return."
+)
 COMMANDS = ("autograde", "intake", "report", "feedback", "validate", "scores")
 #: Exit status when autograde refuses to run without a sandbox.
 EXIT_NO_SANDBOX = 3
@@ -187,7 +192,10 @@ def _validate(args) -> int:
     failed = 0
     for notebook in args.notebooks:
         print(f"== {notebook}", flush=True)
-        failed += bool(validate_notebook(notebook, print_results=True))
+        bad = bool(validate_notebook(notebook, print_results=True))
+        failed += bad
+        if not bad:
+            print(VISIBLE_ONLY, flush=True)
     return 1 if failed else 0
 
 

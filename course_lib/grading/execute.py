@@ -7,10 +7,11 @@
   the whole notebook within ``notebook_budget_s``: past it, the rest is not run and its questions
   score 0. Outputs past ``output_budget_bytes`` are dropped;
 * a test cell runs as the student saw it (its visible checks, for the feedback: they decide nothing);
-  then the grader's checks of that question (:mod:`course_lib.grading.checks`, from
-  ``<checks_dir>/<assignment>.py``) call the student's functions with hidden inputs and judge the
-  answers in this process, within ``question_budget_s``. A note with the verdict is appended to the
-  cell's outputs;
+  once the last cell has run, the grader's checks of each question that ran
+  (:mod:`course_lib.grading.checks`, from ``<checks_dir>/<assignment>.py``) call the student's
+  functions with hidden inputs and judge the answers in this process, each within
+  ``question_budget_s``. No cell runs after them, so no cell can print the hidden inputs into the
+  feedback. A note with the verdict is appended to the test cell's outputs;
 * a cell or a call that outlives its time and ignores the interrupt, or kills its kernel, gets an
   error; the kernel is replaced, the earlier non-test cells are replayed silently, and grading goes
   on: the bad cell costs its own questions only.
@@ -124,6 +125,7 @@ class GuardedExecute(Execute):
         self._peak_bytes = 0
         self._containment = "none"
         self._results: dict[str, Result] = {}
+        self._deferred: list[int] = []
         self._calls_of: tuple | None = None
         try:
             nb, resources = super().preprocess(nb, resources, km)
@@ -301,6 +303,26 @@ class GuardedExecute(Execute):
         cell.metadata[RESULT_KEY] = {"passed": result.passed, "reason": result.reason}
 
     def preprocess_cell(self, cell, resources, index):
+        cell, resources = self._cell(cell, resources, index)
+        if index == len(self.nb.cells) - 1:
+            self._grade_deferred()
+        return cell, resources
+
+    def _grade_deferred(self) -> None:
+        """The grader's checks of every test cell that ran, once the notebook's last cell has run.
+
+        Each question gets its own ``question_budget_s`` from here (the cells' budget may be spent), so
+        a cell that ran the notebook's budget out costs the questions after it, not the ones before.
+        """
+        pending, self._deferred = self._deferred, []
+        self._deadline = max(self._deadline, time.monotonic() + len(pending) * self.question_budget_s)
+        for index in pending:
+            cell = self.nb.cells[index]
+            self._grade(cell)
+            self._kernel_events()
+            self.nb.cells[index] = cell
+
+    def _cell(self, cell, resources, index):
         self._check_assign_resources(resources)
         if cell.cell_type != "code" or not cell.source.strip():
             return cell, self.resources
@@ -315,7 +337,7 @@ class GuardedExecute(Execute):
         elif self._remaining_s() < 1:
             self._skip(cell, ran=True)
         else:
-            self._grade(cell)
+            self._deferred.append(index)  # graded after the last cell: no later cell sees the inputs
         self._kernel_events()
         self.nb.cells[index] = cell
         return cell, self.resources
