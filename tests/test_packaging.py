@@ -245,4 +245,6 @@ def test_make_lab_puts_the_course_environment_first_on_the_terminals_path():
     )
     assert done.returncode == 0, done.stderr
     command = done.stdout.strip().splitlines()[-1]
-    assert command.startswith(f'PATH="{ROOT}/.venv/bin:') and f'VIRTUAL_ENV="{ROOT}/.venv"' in command, command
+    assert command.startswith(f'PATH="{ROOT}/.venv/bin:') and f'VIRTUAL_ENV="{ROOT}/.venv"' in command, (
+        command
+    )
