@@ -6,10 +6,9 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
 * **the head**: exactly one well-formed ``Host`` (RFC 9112 section 3.2; 400), not both
   ``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.1: the framing a proxy and this
   server could read differently, request smuggling; 400 and the connection closed, so bytes after
-  the body are never read as a request), no ``Content-Encoding`` and no ``Transfer-Encoding`` but
-  ``chunked``
-  other than ``identity`` (415: nothing here decodes gzip, so it would be scored as garbage), a
-  declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
+  the body are never read as a request), no ``Content-Encoding`` other than ``identity`` and no
+  ``Transfer-Encoding`` other than ``chunked`` (415: nothing here decodes gzip, so it would be
+  scored as garbage), a declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
 * **admission**: at most ``max_in_flight`` requests of this process are admitted at once (counted
   from the door to their last byte, across at least one event-loop pass, so requests that arrived
   together are counted together even when the app's handler never yields); one more is answered 503
@@ -105,7 +104,7 @@ class Door:
 
     # -- the head -------------------------------------------------------------------------------------
     def _check_head(self, scope: dict[str, Any]) -> tuple[Refusal | None, float | None]:
-        hosts, encodings, length, timeout, chunked = [], [], None, None, False
+        hosts, encodings, length, timeout, transfer_encoded = [], [], None, None, False
         for name, value in scope.get("headers", ()):
             if name == b"host":
                 hosts.append(value)
@@ -114,13 +113,14 @@ class Door:
             elif name == b"content-length":
                 length = value
             elif name == b"transfer-encoding":
-                chunked = True
+                transfer_encoded = True
                 encodings.extend(t for t in value.split(b",") if t.strip().lower() != b"chunked")
             elif name == DEADLINE_HEADER:
                 timeout = value
         if len(hosts) > 1 or (not hosts and scope.get("http_version") != "1.0"):
             return Refusal(400, "bad_host", "a request must carry exactly one Host header"), None
-        if chunked and length is not None:  # the framing two parsers may read differently (smuggling)
+        # both framings: two parsers may read the body differently (request smuggling)
+        if transfer_encoded and length is not None:
             return Refusal(
                 400, "bad_framing", "send either Content-Length or Transfer-Encoding, not both"
             ), None
