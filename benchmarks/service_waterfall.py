@@ -61,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     print(env_report())
     names = args.steps or (list(QUICK_STEPS) if args.quick else [s.name for s in WATERFALL])
     steps = [s for s in WATERFALL if s.name in names]
+    unknown = sorted(set(names) - {s.name for s in WATERFALL})
+    if unknown:
+        parser.error(f"--steps: unknown step(s) {unknown}; the steps are {[s.name for s in WATERFALL]}")
+    needed = {PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP}
+    if args.out is not None and not needed <= set(names):
+        parser.error(
+            f"--out needs the steps {sorted(needed)} (the record's ratios are to them); "
+            f"missing {sorted(needed - set(names))}. Drop --out to climb other steps alone."
+        )
     repeats, min_requests = (1, 200) if args.quick else (args.repeats, args.min_requests)
 
     def show(row: dict) -> None:

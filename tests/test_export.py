@@ -82,6 +82,15 @@ def test_records_path_matches_dataframe_path(churn_model, onnx_scorer):
     ]
     from_records = onnx_scorer.run(onnx_scorer.feeds_from_records(records))
     np.testing.assert_allclose(from_records, onnx_scorer.predict_proba(X), atol=0)
+    # the unchecked builder (one array per kind, each input a row of it) gives the DataFrame path's feeds
+    built, expected = onnx_scorer.feeds_from_checked_records(records), onnx_scorer.feeds(X)
+    assert set(built) == set(expected) == set(onnx_scorer.input_names)
+    for name, feed in built.items():
+        assert feed.shape == (20, 1) and feed.flags.c_contiguous, name
+        if feed.dtype == object:
+            assert feed.tolist() == expected[name].tolist(), name
+        else:
+            np.testing.assert_array_equal(feed, expected[name], err_msg=name)
 
 
 def test_records_with_bad_fields_are_rejected(churn_model, onnx_scorer):

@@ -198,6 +198,8 @@ class OnnxChurnScorer:
         self.input_names = [i.name for i in session.get_inputs()]
         self._string_inputs = {i.name for i in session.get_inputs() if i.type == "tensor(string)"}
         self._output = "probabilities"
+        self._numeric_order = [n for n in self.input_names if n not in self._string_inputs]
+        self._string_order = [n for n in self.input_names if n in self._string_inputs]
 
     def feeds(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
         """Validate ``X`` and turn it into ONNX Runtime feeds: one (n, 1) array per input.
@@ -253,15 +255,27 @@ class OnnxChurnScorer:
             ``course_lib.churn.schema`` (wrong type, not finite, out of range, unknown level).
         """
         check_records(records)
-        feeds: dict[str, np.ndarray] = {}
-        for name in self.input_names:
-            values = [rec[name] for rec in records]
-            if name in self._string_inputs:
-                feeds[name] = np.array(values, dtype=object).reshape(-1, 1)
-            else:
-                feeds[name] = np.array(
-                    [np.nan if v is None else v for v in values], dtype=np.float32
-                ).reshape(-1, 1)
+        return self.feeds_from_checked_records(records)
+
+    def feeds_from_checked_records(self, records: list[dict[str, object]]) -> dict[str, np.ndarray]:
+        """``feeds_from_records`` for records that already passed ``course_lib.churn.schema.check_records``.
+
+        For a server that checks each record once, before the model stage (the production service's
+        ``check_features``), so that the check is not done twice per request. The numeric inputs are
+        built as one float32 array of shape (n_numeric, n), ``None`` becoming NaN, and each input is a
+        row of it (a contiguous view, no copy); the string inputs likewise as one object array. A
+        record that was not checked gets no error here (a numeric string would even be parsed), only
+        ONNX Runtime's.
+        """
+        n = len(records)
+        numeric = np.array(
+            [[rec[name] for rec in records] for name in self._numeric_order], dtype=np.float32
+        ).reshape(len(self._numeric_order), n, 1)
+        strings = np.array(
+            [[rec[name] for rec in records] for name in self._string_order], dtype=object
+        ).reshape(len(self._string_order), n, 1)
+        feeds = dict(zip(self._numeric_order, numeric, strict=True))
+        feeds.update(zip(self._string_order, strings, strict=True))
         return feeds
 
     def predict_proba(self, X: pd.DataFrame) -> np.ndarray:

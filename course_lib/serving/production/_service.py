@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 import orjson
 
+from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
+from course_lib.churn.model import load_or_train_churn_model
 from course_lib.core.checks import integer, one_of
 from course_lib.serving.batching.predict import churn_service
 from course_lib.serving.production._config import ENCODERS, FORWARD_PROBE_CALLS, ProductionConfig
-from course_lib.serving.service import ChurnService, ScoreRequest
+from course_lib.serving.service import ChurnService, Record, ScoreRequest
 
 
 class ProductionService(ChurnService):
@@ -74,10 +76,21 @@ def build_service(config: ProductionConfig, *, churn_model: Any = None) -> Produ
     ProductionService
         ``runtime`` and ``lookup_mode`` are echoed in every answer.
     """
-    base = churn_service(config.runtime, lookup_mode="cached", churn_model=churn_model)
+    churn_model = load_or_train_churn_model() if churn_model is None else churn_model
+    scorer = None
+    if config.runtime == "onnxruntime":
+        scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
+    base = churn_service(config.runtime, lookup_mode="cached", churn_model=churn_model, onnx_scorer=scorer)
+    forward = base.forward
+    if scorer is not None:
+        checked = scorer  # every path to the model runs check_features first (handle_async, score_customer)
+
+        def forward(records: list[Record]) -> np.ndarray:
+            return checked.run(checked.feeds_from_checked_records(records))
+
     return ProductionService(
         base.lookup_features,
-        base.forward,
+        forward,
         model_version=base.model_version,
         lookup_mode=base.lookup_mode,
         runtime=base.runtime,
