@@ -5,7 +5,8 @@ second core needs a second process. :func:`run_chunks` keeps a queue of chunk ta
 takes the next one whenever it is free, and so does each worker process (a new chunk is handed to a
 worker the moment it finishes one), so no core waits while chunks remain, and the job starts scoring
 at once instead of waiting for the workers to start (importing NumPy, pyarrow and XGBoost takes a
-worker about a second). Every process reads its own chunks from the store and writes its own parts
+worker about a second): the workers are started from a thread of their own while this process
+scores its first chunk. Every process reads its own chunks from the store and writes its own parts
 (:func:`course_lib.offline.chunk.score_chunk`); only the task and a small result cross between them.
 
 Each worker process builds its scorer once and reuses it for all its chunks. Workers are forked from
@@ -144,10 +145,16 @@ def run_chunks(
             return
         try:
             future = pool.submit(score_chunk, task)
-        except RuntimeError as error:  # a broken pool, or one shutting down after an error
+        except Exception as error:  # a broken pool, one shutting down after an error, a failed start
             future = Future()
             future.set_exception(error)  # counted as outstanding: collect() raises it
         future.add_done_callback(finished)
+
+    def start_workers() -> None:
+        # The first submit starts the worker processes and waits for the fork server, which may still
+        # be importing its modules; in a thread of its own, that wait overlaps this process's scoring.
+        for _ in range(extra):
+            feed()
 
     def finished(future: Future) -> None:
         done.put(future)
@@ -169,16 +176,19 @@ def run_chunks(
                 state["first"] = time.perf_counter() - start
             on_result(future.result())
 
+    starter = threading.Thread(target=start_workers, name="start-workers", daemon=True)
     try:
-        for _ in range(extra):
-            feed()
+        starter.start()
         while (task := take(for_pool=False)) is not None:
             on_result(score_chunk(task))
             collect(block=False)
+        starter.join()  # every task it took is counted as outstanding before collect() waits for it
         collect(block=True)
     except BaseException:
         with lock:
             state["stop"] = True
+        if starter.is_alive():
+            starter.join()
         pool.shutdown(wait=True, cancel_futures=True)  # chunks in flight finish; their parts stay valid
         raise
     pool.shutdown(wait=True)
