@@ -10,10 +10,8 @@ scores its first chunk. Every process reads its own chunks from the store and wr
 (:func:`course_lib.offline.chunk.score_chunk`); only the task and a small result cross between them.
 
 Each worker process builds its scorer once and reuses it for all its chunks. Workers are forked from
-multiprocessing's *fork server*, a clean single-threaded process that imports this package, pyarrow
-and XGBoost once (:func:`warm_up_workers` starts it ahead of time; the first pool of a process waits for
-it otherwise), so a worker starts in milliseconds and safely whatever threads this process runs; where
-there is no fork server (Windows) workers are spawned. A worker ignores Ctrl-C (this process stops the
+multiprocessing's *fork server* (:mod:`course_lib.offline.fork_server`; :func:`warm_up_workers` starts
+it ahead of time, and the first pool of a process waits for it otherwise). A worker ignores Ctrl-C (this process stops the
 pool) and exits within a fraction of a second when this process dies, even by SIGKILL.
 
 References
@@ -26,8 +24,6 @@ from __future__ import annotations
 
 import collections
 import math
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import queue
 import signal
@@ -40,31 +36,12 @@ from typing import TypedDict
 from course_lib.core._process import exit_with_parent
 from course_lib.core.checks import integer
 from course_lib.offline.chunk import ChunkResult, ChunkTask, score_chunk
+from course_lib.offline.fork_server import warm_up_workers, worker_context
 
 __all__ = ["PARENT_CHECK_S", "run_chunks", "warm_up_workers", "worker_pool"]
 
 #: How often a worker process checks that the job's process is still alive, seconds.
 PARENT_CHECK_S = 0.1
-#: What the fork server imports once for every worker it forks.
-_PRELOAD = ["course_lib.offline.chunk", "xgboost"]
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts
-        return context
-    return multiprocessing.get_context("spawn")
-
-
-def warm_up_workers() -> None:
-    """Start the fork server now, so that the job's worker processes start in milliseconds later.
-
-    It imports NumPy, pyarrow and XGBoost (about a second) while this process does other work, and
-    stays until this process exits. Does nothing where workers are spawned.
-    """
-    if _context().get_start_method() == "forkserver":
-        multiprocessing.forkserver.ensure_running()
 
 
 def _exit_with_job(job_pid: int) -> None:
@@ -81,7 +58,7 @@ def worker_pool(processes: int) -> ProcessPoolExecutor:
     """A pool of ``processes`` worker processes started as described above (close it with ``shutdown``)."""
     processes = integer("processes", processes, min=1)
     return ProcessPoolExecutor(
-        processes, mp_context=_context(), initializer=_exit_with_job, initargs=(os.getpid(),)
+        processes, mp_context=worker_context(), initializer=_exit_with_job, initargs=(os.getpid(),)
     )
 
 
