@@ -25,7 +25,7 @@ from course_lib.serving.production import (
 from course_lib.serving.production._app import _all_loaded, worker_ready_path
 from course_lib.serving.production._workers import parse_arguments
 from course_lib.serving.server import serve_in_thread
-from course_lib.serving.service import ScoreRequest
+from course_lib.serving.service import RequestError, ScoreRequest
 
 CUSTOMER = customer_id(42, DEFAULT_N_CUSTOMERS)
 
@@ -103,6 +103,36 @@ def test_every_forward_mode_answers_the_same_score_and_refuses_bad_input(service
         metrics = client.get("/metrics").text
         assert 'churn_requests_total{endpoint="/score",status="200"} 1.0' in metrics
         assert 'churn_requests_total{endpoint="/score",status="404"} 1.0' in metrics
+
+
+def test_a_stored_record_outside_the_schema_is_refused_before_the_unchecked_feeds(service):
+    # the production forward builds ONNX feeds without checking (check_features ran once already), so
+    # every path to it must refuse a bad record first: /score in each mode, /predict and score_customer
+    calls: list[object] = []
+
+    def forward(records):
+        calls.append(records)
+        return service.forward(records)
+
+    def bad_lookup(cid):
+        record = service.lookup_features(cid)
+        return (
+            None if record is None else {**record, "tenure": "12"}
+        )  # a numeric string: feeds would parse it
+
+    bad = ProductionService(bad_lookup, forward, model_version=service.model_version)
+    with pytest.raises(RequestError, match="tenure"):
+        bad.score_customer(CUSTOMER)
+    for mode in ("loop", "thread", "batcher"):
+        app = create_production_app(ProductionConfig(forward=mode, workers=1), service=bad)
+        with serve_in_thread(app) as server, httpx.Client(base_url=server.url) as client:
+            for path in ("/score", "/predict"):
+                answer = client.post(path, json={"customer_id": CUSTOMER})
+                assert answer.status_code == 422 and answer.json()["error"] == "invalid_features", (
+                    mode,
+                    path,
+                )
+    assert calls == []
 
 
 def test_auto_keeps_a_cheap_call_on_the_loop_and_moves_a_costly_one_off_it(service):

@@ -8,7 +8,8 @@ model call where ``config.forward`` puts it:
   nothing for a disconnecting client to cancel (the answer is ready before the loop could notice);
 * ``"thread"``: in one worker thread (``loop.run_in_executor``), the loop free for other requests;
 * ``"batcher"``: through a ``DynamicBatcher`` (Lesson 3);
-* ``"auto"``: ``"loop"`` if the median call costs at most ``OFF_LOOP_ABOVE_MS``, else ``"thread"``
+* ``"auto"``: ``"loop"`` if the median call costs at most ``OFF_LOOP_ABOVE_MS``, else ``"thread"`` (also when
+  the probe customer is unknown or its stored record is outside the schema: nothing unchecked is scored)
   (timed when the app is built; ``/stats`` reports the cost and the choice).
 
 In the last two a client that disconnects cancels its request (``GET /stats``: ``client_disconnects``).
@@ -114,6 +115,11 @@ def create_production_app(
     """
     service = build_service(config) if service is None else service
     probe = service.lookup_features(customer_id(1, DEFAULT_N_CUSTOMERS))
+    try:
+        if probe is not None:
+            service.check_features(probe)  # the forward may build its feeds unchecked (build_service)
+    except RequestError:
+        probe = None  # a store record outside the schema is never scored, not even to time the call
     cost_ms = forward_cost_ms(service, probe) if probe is not None else float("nan")
     mode = config.forward
     if mode == "auto":
