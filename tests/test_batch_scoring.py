@@ -349,3 +349,12 @@ def test_the_benchmark_records_every_check_it_prints(tmp_path):
     assert {c["runtime"] for c in data["candidates"]} == {"xgboost", "onnxruntime", "treelite"}
     assert data["checks"]["parallel_equals_single_process"] and data["checks"]["resumed_equals_uninterrupted"]
     assert data["checks"]["workers_exited_after_kill"] and data["memory_run"]["rows_read"] == 30_000
+
+
+def test_the_command_starts_the_fork_server_only_where_workers_may_be_needed():
+    from course_lib.offline.__main__ import _one_process
+
+    for argv in (["--workers", "1"], ["--workers=1"], ["--work", "1"], ["--workers=01"], ["--workers", "x"],
+                 ["--help"], ["-h"], ["--source", "s.parquet", "--workers"]):  # fmt: skip
+        assert _one_process(argv), argv
+    assert not _one_process(["--source", "s.parquet", "--workers", "2"])

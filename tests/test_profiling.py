@@ -253,3 +253,16 @@ def test_profile_requests_validates_its_arguments(kwargs, match):
     args = {"send": lambda k: RequestProfile(k, {"x": 1.0}), "keys": ["a"], **kwargs}
     with pytest.raises(ValueError, match=match):
         profile_requests(**args)
+
+
+def test_a_stage_name_recorded_while_its_block_ran_is_refused_at_its_end():
+    profile = RequestProfile("r")
+    with pytest.raises(ValueError, match="already recorded"), profile.stage("parse"), profile.stage("parse"):
+        pass
+    timer = profile.stage("lookup")
+    with timer:
+        pass
+    first = profile.stages_ms["lookup"]
+    with pytest.raises(ValueError, match="already recorded"), timer:
+        pass
+    assert profile.stages_ms["lookup"] == first

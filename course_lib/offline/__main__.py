@@ -11,13 +11,21 @@ from course_lib.offline.fork_server import warm_up_workers
 
 
 def _one_process(argv: list[str]) -> bool:
-    """True if the command asks for ``--workers 1`` or this process may use a single core."""
+    """True unless the command may need worker processes: ``--workers 1`` (or an abbreviation argparse
+    accepts, such as ``--work=1``), a ``--workers`` value that is not a number (argparse will refuse it),
+    ``--help``, or a single usable core."""
     for i, arg in enumerate(argv):
-        if arg == "--workers" and i + 1 < len(argv):
-            return argv[i + 1].strip() == "1"
-        if arg.startswith("--workers="):
-            return arg.partition("=")[2].strip() == "1"
-    return len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) < 2
+        name, eq, value = arg.partition("=")
+        if (len(name) > 3 and "--help".startswith(name)) or arg == "-h":
+            return True
+        if len(name) > 3 and "--workers".startswith(name):
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            try:
+                return int(value) <= 1
+            except ValueError:
+                return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores < 2
 
 
 if __name__ == "__main__":

@@ -74,7 +74,9 @@ def build_service(config: ProductionConfig, *, churn_model: Any = None) -> Produ
     Returns
     -------
     ProductionService
-        ``runtime`` and ``lookup_mode`` are echoed in every answer.
+        ``runtime`` and ``lookup_mode`` are echoed in every answer. For ONNX Runtime its ``forward``
+        does not check its records (every path of the service runs ``check_features`` first, so the
+        check is done once per request): call ``check_features`` before calling ``forward`` yourself.
     """
     churn_model = load_or_train_churn_model() if churn_model is None else churn_model
     scorer = None
@@ -107,8 +109,12 @@ def forward_cost_ms(
     ------
     course_lib.core.checks.InvalidArgumentError
         For ``calls`` < 1.
+    course_lib.serving.service.RequestError
+        422 for a record outside ``course_lib.churn.schema`` (it is checked first: the production
+        forward does not check).
     """
     n = integer("calls", calls, min=1)
+    service.check_features(record)
     times = []
     for i in range(2 * n):
         start = time.perf_counter_ns()

@@ -103,17 +103,20 @@ class _Stage(StageTimer):
     """``RequestProfile.stage``'s timer: stores its elapsed ms under ``name`` when the block ends.
 
     A perf_counter difference is a finite ms >= 0 and the name was checked by ``stage``, so the
-    stage is stored without ``add_stage``'s checks.
+    stage is stored without ``add_stage``'s checks, except that a name recorded meanwhile (an overlapping
+    stage of the same name, or the same timer used twice) still raises, as ``add_stage`` does.
     """
 
-    __slots__ = ("_name", "_stages_ms")
+    __slots__ = ("_name", "_profile", "_stages_ms")
 
-    def __init__(self, stages_ms: dict[str, float], name: str) -> None:
+    def __init__(self, profile: RequestProfile, name: str) -> None:
         super().__init__()
-        self._stages_ms, self._name = stages_ms, name
+        self._profile, self._stages_ms, self._name = profile, profile.stages_ms, name
 
     def __exit__(self, *exc_info: object) -> None:
         super().__exit__(*exc_info)
+        if self._name in self._stages_ms:  # an overlapping stage of the same name finished first
+            self._profile.add_stage(self._name, self.elapsed_ms)  # raises: already recorded
         self._stages_ms[self._name] = self.elapsed_ms
 
 
@@ -179,7 +182,7 @@ class RequestProfile:
         name = _check_stage_name(name)
         if name in self.stages_ms:
             self.add_stage(name, 0.0)  # raises: the stage was already recorded
-        return _Stage(self.stages_ms, name)
+        return _Stage(self, name)
 
     @property
     def total_ms(self) -> float:
