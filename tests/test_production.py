@@ -114,11 +114,9 @@ def test_a_stored_record_outside_the_schema_is_refused_before_the_unchecked_feed
         calls.append(records)
         return service.forward(records)
 
-    def bad_lookup(cid):
+    def bad_lookup(cid):  # a numeric string for tenure: unchecked feeds would parse it
         record = service.lookup_features(cid)
-        return (
-            None if record is None else {**record, "tenure": "12"}
-        )  # a numeric string: feeds would parse it
+        return None if record is None else {**record, "tenure": "12"}
 
     bad = ProductionService(bad_lookup, forward, model_version=service.model_version)
     with pytest.raises(RequestError, match="tenure"):

@@ -11,8 +11,9 @@ scores its first chunk. Every process reads its own chunks from the store and wr
 
 Each worker process builds its scorer once and reuses it for all its chunks. Workers are forked from
 multiprocessing's *fork server* (:mod:`course_lib.offline.fork_server`; :func:`warm_up_workers` starts
-it ahead of time, and the first pool of a process waits for it otherwise). A worker ignores Ctrl-C (this process stops the
-pool) and exits within a fraction of a second when this process dies, even by SIGKILL.
+it ahead of time, and the first pool of a process waits for it otherwise). A worker ignores Ctrl-C
+(this process stops the pool) and exits within a fraction of a second when this process dies, even by
+SIGKILL.
 
 References
 ----------
