@@ -1,7 +1,8 @@
 """Where the batch job's worker processes come from: multiprocessing's fork server, started early.
 
 One concept: a worker that starts in milliseconds. The fork server is a clean single-threaded process
-that imports this package's chunk pipeline and XGBoost once (about a second) and forks every worker
+that imports this package's chunk pipeline and XGBoost once (:mod:`course_lib.offline._preload`, without
+XGBoost's scikit-learn wrappers: under a second) and forks every worker
 from there, so a worker starts safely whatever threads the job's process runs. Where there is no fork
 server (Windows) workers are spawned. This module imports nothing heavy, so that
 ``python -m course_lib.offline`` can start the fork server before its own imports and model load,
@@ -21,7 +22,7 @@ import multiprocessing.forkserver
 __all__ = ["PRELOAD", "warm_up_workers", "worker_context"]
 
 #: What the fork server imports once for every worker it forks.
-PRELOAD = ["course_lib.offline.chunk", "xgboost"]
+PRELOAD = ["course_lib.offline._preload"]
 
 
 def worker_context() -> multiprocessing.context.BaseContext:
@@ -36,7 +37,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
 def warm_up_workers() -> None:
     """Start the fork server now, so that the job's worker processes start in milliseconds later.
 
-    It imports NumPy, pyarrow and XGBoost (about a second) while this process does other work, and
+    It imports NumPy, pyarrow and XGBoost (under a second) while this process does other work, and
     stays until this process exits. Does nothing where workers are spawned, or if it runs already.
     """
     if worker_context().get_start_method() == "forkserver":
