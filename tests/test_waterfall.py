@@ -116,6 +116,24 @@ def test_climb_rotates_order_respects_starts_and_needs_enough_requests_and_a_pun
         interleaved_climb(run, [], [50], p99_limit_ms=100.0)
 
 
+def test_a_start_above_this_machines_capacity_steps_down_until_a_rung_meets_when_asked():
+    ladder = [50, 70, 100, 140, 200, 280]
+    calls: list = []
+    run = capacity_runner({"A": 70, "B": 1000, "C": 10}, calls)
+    starts = {"A": 200, "B": 140, "C": 100}
+    rows = interleaved_climb(
+        run, ["A", "B", "C"], ladder, p99_limit_ms=100.0, start_rps=starts, step_down=True
+    )
+    k = knees(rows).set_index("step")
+    assert (k.loc["A", "knee_rps"], k.loc["A", "first_fail_rps"]) == (70, 100)  # 200, 140, 100 missed, 70 met
+    assert [r for s, r in calls if s == "A"] == [200, 200, 140, 140, 100, 100, 70]  # each miss tried twice
+    assert k.loc["B", "knee_rps"] == 280 and math.isnan(k.loc["B", "first_fail_rps"])  # climbed as before
+    assert (k.loc["C", "knee_rps"], k.loc["C", "first_fail_rps"]) == (0, 50)  # even the first rung missed
+    plain = knees(interleaved_climb(capacity_runner({"A": 70}, []), ["A"], ladder, p99_limit_ms=100.0,
+                                    start_rps={"A": 200})).iloc[0]  # fmt: skip
+    assert (plain["knee_rps"], plain["first_fail_rps"]) == (0, 200)  # without step_down: knee 0, as before
+
+
 def test_lever_verdict_only_when_the_interval_excludes_one():
     assert lever_verdict(1.01, 2.0) == "gain"
     assert lever_verdict(0.2, 0.99) == "loss"

@@ -238,6 +238,7 @@ def run_waterfall(
     ladder_rps: Sequence[float] | None = None,
     start_rps: Mapping[str, float] | None = None,
     start_back: int = 3,
+    step_down: bool = False,
     n_generators: int = 2,
     k6_step: str | None = None,
     same_rate_rps: float | None = None,
@@ -261,6 +262,8 @@ def run_waterfall(
     ladder_rps : rates to climb; default ``geometric_ladder(20, 12_000)``.
     start_rps : step -> first rung; default from a short pre-scan (a coarse climb of 200-request rungs),
         ``start_back`` rungs below the knee it found.
+    step_down : a step whose start rung misses tries the rungs below it (``interleaved_climb``); for
+        starts taken from a record of another machine.
     k6_step : a step to also measure with k6 beside the course generator (:func:`tool_comparison`).
     same_rate_rps : after the climbs, run every step once at this offered rate (``min_requests``
         requests) for a like-for-like p99; ``same_rate_steps`` limits that to some steps.
@@ -325,6 +328,7 @@ def run_waterfall(
                     repeat=r,
                     settle=settle,
                     on_row=on_row,
+                    step_down=step_down,
                 )
                 for r in range(n_repeats)
             ],

@@ -118,6 +118,7 @@ def interleaved_climb(
     repeat: int = 0,
     settle: Callable[[str], object] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    step_down: bool = False,
 ) -> pd.DataFrame:
     """Climb ``ladder_rps`` with ``steps`` taking turns at every rung; one row per run.
 
@@ -137,6 +138,11 @@ def interleaved_climb(
         Run before every run (e.g. wait until that server has no backlog).
     on_row : callable row -> None, optional
         Progress.
+    step_down : bool
+        If a step's start rung (one above the ladder's first) misses every try, try the rungs below it,
+        one at a time, until one is met or the ladder's first rung missed too: a start taken from another
+        machine's record may lie above what this one sustains. The climb of that step ends there (the
+        rung above the one met missed). Without it, such a step's knee is 0.
 
     Returns
     -------
@@ -153,31 +159,34 @@ def interleaved_climb(
     order = order[shift:] + order[:shift]
     ladder = sorted(float(r) for r in ladder_rps)
     starts = {s: float((start_rps or {}).get(s, ladder[0])) for s in order}
-    alive, rows = list(order), []
+    alive: list[str] = list(order)
+    rows: list[dict[str, Any]] = []
+
+    def rung(step: str, rate: float) -> bool:
+        """Run ``step`` at ``rate`` up to ``tries`` times; whether a try met the SLO."""
+        for attempt in range(1, tries + 1):
+            if settle is not None:
+                settle(step)
+            row = step_row(run_step(step, rate), p99_limit_ms=limit, max_error_rate=MAX_ERROR_RATE)
+            enough = row["sent"] >= n_min
+            met = bool(row["met_slo"] and enough)
+            rows.append({"repeat": repeat, "step": step, "attempt": attempt, **row,
+                         "enough_requests": enough, "met": met})  # fmt: skip
+            if on_row is not None:
+                on_row(rows[-1])
+            if met:
+                return True
+        return False
+
     for rate in ladder:
         for step in [s for s in alive if starts[s] <= rate]:
-            for attempt in range(1, tries + 1):
-                if settle is not None:
-                    settle(step)
-                row = step_row(run_step(step, rate), p99_limit_ms=limit, max_error_rate=MAX_ERROR_RATE)
-                enough = row["sent"] >= n_min
-                met = bool(row["met_slo"] and enough)
-                rows.append(
-                    {
-                        "repeat": repeat,
-                        "step": step,
-                        "attempt": attempt,
-                        **row,
-                        "enough_requests": enough,
-                        "met": met,
-                    }
-                )
-                if on_row is not None:
-                    on_row(rows[-1])
-                if met:
-                    break
-            if not met:
-                alive.remove(step)
+            if rung(step, rate):
+                continue
+            alive.remove(step)
+            if step_down and rate == starts[step]:
+                below = [r for r in ladder if r < rate]
+                while below and not rung(step, below.pop()):
+                    pass
         if not alive:
             break
     return pd.DataFrame(rows)

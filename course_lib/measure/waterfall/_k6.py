@@ -82,7 +82,9 @@ class K6Result:
 
     ``iterations`` were started, ``dropped_iterations`` skipped because no virtual user was free,
     ``requests`` sent, ``failed_rate`` the share answered non-2xx/3xx or not at all (``http_req_failed``),
-    ``achieved_rps`` = requests / test time as k6 counts it.
+    ``achieved_rps`` = requests / test time as k6 counts it; ``iteration_p50_ms`` the median of
+    ``iteration_duration``, the whole iteration of the script (its JavaScript, waiting for a connection,
+    the request), which ``http_req_duration`` leaves out.
     """
 
     rate_rps: float
@@ -98,6 +100,9 @@ class K6Result:
     p99_ms: float
     max_ms: float
     vus_max: int
+    iteration_p50_ms: float = (
+        math.nan
+    )  # iteration_duration: the script's whole iteration, JavaScript included
 
     def met_slo(self, p99_limit_ms: float, *, max_error_rate: float = 0.001) -> bool:
         """p99 within the limit, errors below the budget, and no iteration dropped."""
@@ -139,6 +144,7 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
         p99_ms=float(trend.get("p(99)", math.nan)),
         max_ms=float(trend.get("max", math.nan)),
         vus_max=int(value("vus_max", "value", value("vus_max", "max"))),
+        iteration_p50_ms=value("iteration_duration", "p(50)", value("iteration_duration", "med", math.nan)),
     )
 
 
