@@ -3,7 +3,7 @@
 //   k6 run -e URL=http://127.0.0.1:8000/score -e RATE=200 -e DURATION=5s -e IDS_FILE=ids.json \
 //          -e SUMMARY_FILE=summary.json loadtests/churn.js
 //
-// The `constant-arrival-rate` executor starts RATE iterations a second whatever the service does (open
+// The `constant-arrival-rate` executor starts RATE iterations per TIME_UNIT (default 1s) whatever the service does (open
 // loop), each one POST of {"customer_id": ...} drawn round-robin from IDS_FILE (a JSON list of ids, the
 // same ones the course generator sends). When every pre-allocated virtual user (VU) is busy and MAX_VUS
 // are in use, k6 does not send late: it skips the iteration and counts it in `dropped_iterations`,
@@ -14,6 +14,7 @@ import exec from 'k6/execution';
 
 const URL = __ENV.URL;
 const RATE = Number(__ENV.RATE || '10');
+const TIME_UNIT = __ENV.TIME_UNIT || '1s'; // RATE iterations per TIME_UNIT: k6 wants a whole number of them
 const IDS = JSON.parse(open(__ENV.IDS_FILE));
 const BODIES = IDS.map((id) => JSON.stringify({ customer_id: id }));
 const PARAMS = { headers: { 'Content-Type': 'application/json' }, timeout: __ENV.TIMEOUT || '2s' };
@@ -25,7 +26,7 @@ export const options = {
     churn: {
       executor: 'constant-arrival-rate',
       rate: RATE,
-      timeUnit: '1s',
+      timeUnit: TIME_UNIT,
       duration: __ENV.DURATION || '5s',
       preAllocatedVUs: Number(__ENV.PRE_VUS || '50'),
       maxVUs: Number(__ENV.MAX_VUS || '200'),

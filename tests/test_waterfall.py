@@ -332,3 +332,14 @@ def test_tool_agreement_compares_knees_and_like_for_like_p50s_within_the_toleran
         tool_agreement(pd.DataFrame(rows), tolerance=1.5)
     with pytest.raises(ValueError, match="p50_from_send_ms"):
         tool_agreement(pd.DataFrame(rows).drop(columns="p50_from_send_ms"))
+
+
+def test_k6_offers_a_fractional_rate_per_hundred_seconds():
+    """k6 takes whole iterations per time unit: half a ladder rung (380.5 requests/s) used to stop it."""
+    from course_lib.measure.generators import serve_null
+    from course_lib.measure.waterfall import run_k6
+
+    with serve_null(lifetime_s=60) as url:
+        r = run_k6(url + "/score", rate_rps=20.5, duration_s=2.0, ids=["SC-0000001"])
+    assert r.dropped_iterations == 0 and r.failed_rate == 0
+    assert 40 <= r.iterations <= 42  # 20.5/s for 2 s: k6 spaces the starts evenly

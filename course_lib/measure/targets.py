@@ -14,6 +14,7 @@ httpx documentation ("Async support", ``Limits``); aiohttp client documentation 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -27,12 +28,17 @@ from course_lib.serving.batching.batcher import DynamicBatcher
 from course_lib.serving.service import HttpStatusError, raise_for_status
 
 __all__ = [
+    "WIRE_FIELD",
     "aiohttp_target",
     "batcher_target",
     "coroutine_target",
     "http_client_target",
     "http_target",
 ]
+
+
+#: The field ``aiohttp_target`` records as each request's time on the wire (ms), as k6 times it.
+WIRE_FIELD = "wire_ms"
 
 
 def coroutine_target(
@@ -130,6 +136,12 @@ def aiohttp_target(
     A non-2xx answer raises ``course_lib.serving.service.HttpStatusError`` (429/503 count as shed). The named
     fields of the JSON answer are recorded. Same contract as ``http_client_target``.
 
+    The field :data:`WIRE_FIELD` (``"wire_ms"``) is not read from the answer: it records each request's
+    time *on the wire*, in ms, from aiohttp writing its headers (``TraceConfig.on_request_headers_sent``)
+    to the answer's body read, which is what k6's ``http_req_duration`` times (sending + waiting +
+    receiving); the generator's own latency also holds the client's work before and after (building the
+    request, resuming the task).
+
     Raises
     ------
     ValueError
@@ -138,22 +150,38 @@ def aiohttp_target(
     non_empty("payloads", payloads)
     max_connections = integer("max_connections", max_connections, min=1)
     names = tuple(fields)
+    wire = WIRE_FIELD in names
+    answer_names = tuple(n for n in names if n != WIRE_FIELD)
+
+    async def headers_sent(_session: Any, context: Any, _params: Any) -> None:
+        context.trace_request_ctx["sent"] = time.perf_counter()
 
     @asynccontextmanager
     async def factory():
         connector = aiohttp.TCPConnector(limit=max_connections, force_close=False)
+        traces = []
+        if wire:
+            traces.append(aiohttp.TraceConfig())
+            traces[0].on_request_headers_sent.append(headers_sent)
         async with aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+            connector=connector, timeout=aiohttp.ClientTimeout(total=60), trace_configs=traces or None
         ) as session:
 
             async def post(payload: Any) -> Mapping[str, Any]:
-                async with session.post(url, json=payload) as response:
-                    text = await response.text()
+                marks: dict[str, float] = {}
+                async with session.post(url, json=payload, trace_request_ctx=marks) as response:
+                    body = await response.read()
+                    done = time.perf_counter()
                     if not 200 <= response.status < 300:
                         raise HttpStatusError(
-                            response.status, text, retry_after=response.headers.get("Retry-After")
+                            response.status,
+                            body.decode("utf-8", errors="replace"),
+                            retry_after=response.headers.get("Retry-After"),
                         )
-                    return json.loads(text) if names else {}
+                    answer = json.loads(body) if answer_names else {}
+                    if wire:
+                        answer = {**answer, WIRE_FIELD: 1000.0 * (done - marks["sent"])}
+                    return answer
 
             yield coroutine_target(post, payloads, fields=names)
 

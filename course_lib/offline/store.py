@@ -35,6 +35,7 @@ from course_lib.serving.feature_store import TABLE
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
+    "STORE_FORMAT",
     "ChunkPlan",
     "build_parquet_store",
     "check_store",
@@ -44,6 +45,10 @@ __all__ = [
 ]
 
 DEFAULT_CHUNK_ROWS = 100_000
+
+
+#: The layout ``build_parquet_store`` writes (raised whenever it changes: encodings, columns, row groups).
+STORE_FORMAT = 2
 
 
 def build_parquet_store(
@@ -60,7 +65,8 @@ def build_parquet_store(
     with ids continuing from the previous block, so up to ``generate_rows`` customers the store holds
     exactly the population of the Lesson 2 SQLite store, and larger stores need only one block in
     memory. Written to a temporary file and renamed when complete. Row groups of ``row_group_rows``
-    let a reader (or a Dask task) take one range without reading the rest.
+    let a reader (or a Dask task) take one range without reading the rest. The file name holds the sizes,
+    the seed and :data:`STORE_FORMAT`, so a store that older code wrote in another layout is not reused.
 
     Raises ``ValueError`` for non-positive sizes.
     """
@@ -71,7 +77,7 @@ def build_parquet_store(
     ):
         integer(name, value, min=1)
     base = Path(folder) if folder is not None else DATA_DIR.parent / "build" / "offline_store"
-    path = base / f"customers_n{n_customers}_seed{seed}_rg{row_group_rows}.parquet"
+    path = base / f"customers_n{n_customers}_seed{seed}_rg{row_group_rows}_v{STORE_FORMAT}.parquet"
     if path.is_file():
         return path
     base.mkdir(parents=True, exist_ok=True)

@@ -148,6 +148,18 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
     )
 
 
+def _k6_rate(rate_rps: float) -> dict[str, str]:
+    """``RATE`` and ``TIME_UNIT`` for ``loadtests/churn.js``: k6 takes a whole number of iterations per
+    time unit, so a fractional rate (380.5 requests/s, half a ladder rung) is given per 100 s (0.01/s steps).
+
+    >>> _k6_rate(200.0), _k6_rate(380.5)
+    ({'RATE': '200', 'TIME_UNIT': '1s'}, {'RATE': '38050', 'TIME_UNIT': '100s'})
+    """
+    if float(rate_rps).is_integer():
+        return {"RATE": str(int(rate_rps)), "TIME_UNIT": "1s"}
+    return {"RATE": str(round(rate_rps * 100)), "TIME_UNIT": "100s"}
+
+
 def run_k6(
     url: str,
     *,
@@ -167,7 +179,8 @@ def run_k6(
     ----------
     url : the endpoint to POST to (``http://127.0.0.1:PORT/score``).
     rate_rps : float > 0
-        Iterations (one request each) started per second.
+        Iterations (one request each) started per second; k6 takes whole iterations per time unit, so a
+        fractional rate is passed per 100 s (to 0.01 requests/s).
     duration_s : float > 0
     ids : customer ids, sent round-robin.
     pre_allocated_vus, max_vus : int >= 1
@@ -197,7 +210,7 @@ def run_k6(
         summary_file.unlink(missing_ok=True)
         env_args = {
             "URL": url,
-            "RATE": f"{rate:g}",
+            **_k6_rate(rate),
             "DURATION": f"{duration:g}s",
             "IDS_FILE": str(ids_file),
             "SUMMARY_FILE": str(summary_file),
