@@ -612,7 +612,7 @@ def test_the_autograde_command_prints_the_report_and_the_scores(graded):
 
 def test_the_report_command_names_what_failed_and_why_for_instructors(graded):
     done = _grading("report", "ps1", "--course-root", str(graded["root"]))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-2000:]}\n{done.stdout[-4000:]}"
     assert "gradebook-daemon" in done.stdout and "flagged: cell" in done.stdout
     assert "starts processes (subprocess)" in done.stdout and "HELD FOR REVIEW" in done.stdout
     assert (
@@ -720,7 +720,10 @@ def test_the_unshare_sandbox_grades_like_bubblewrap_and_protects_the_same_files(
         shutil.copytree(FIXTURES / "submitted" / student / "ps1", root / "submitted" / student / "ps1")
     before = _protected(root)
     done = _grading("autograde", "ps1", "--sandbox", "unshare", "--course-root", str(root))
-    assert done.returncode == 0 and "run in the `unshare` sandbox" in done.stderr, done.stderr[-3000:]
+    # stdout holds nbgrader's error lines and the scores: what a failure needs to be read
+    assert done.returncode == 0 and "run in the `unshare` sandbox" in done.stderr, (
+        f"exit {done.returncode}\n{done.stderr[-2000:]}\n{done.stdout[-4000:]}"
+    )
     assert _protected(root) == before, "student code changed source/, checks/, course_lib or site-packages"
     assert _processes_with(DAEMON_MARKER) == [], "the daemon outlived its kernel"
     expected = pd.read_csv(FIXTURES / "expected_question_scores.csv")
