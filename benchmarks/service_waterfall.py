@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"k6 beside the course generator: knees {a['knee_rps']} (ratio {a['knee_ratio']:.2f}, "
                 f"{'agree' if a['knee_agrees'] else 'do not agree'} within {AGREEMENT_TOLERANCE:.0%}); "
-                f"p50 from the actual send, course generator / k6, furthest from 1: {a['worst_p50_ratio']:.2f} "
+                f"p50 on the wire (write to read), course generator / k6, furthest from 1: {a['worst_p50_ratio']:.2f} "
                 f"({'agree' if a['p50_agrees'] else 'do not agree'} at every rate both met)"
             )
     lowest = run.settings["generator_lowest_rps"]

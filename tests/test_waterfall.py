@@ -320,8 +320,8 @@ def test_tool_agreement_compares_knees_and_like_for_like_p50s_within_the_toleran
         (800.0, 90.0, 80.0, False, False),
     ):
         rows += [
-            {"tool": "course generator", "rate_rps": rate, "met": course_met, "p50_from_send_ms": course_ms},
-            {"tool": "k6", "rate_rps": rate, "met": k6_met, "p50_from_send_ms": k6_ms},
+            {"tool": "course generator", "rate_rps": rate, "met": course_met, "p50_wire_ms": course_ms},
+            {"tool": "k6", "rate_rps": rate, "met": k6_met, "p50_wire_ms": k6_ms},
         ]
     a = tool_agreement(pd.DataFrame(rows))
     assert a["knee_rps"] == {"course generator": 200.0, "k6": 400.0} and a["knee_ratio"] == 0.5
@@ -330,8 +330,8 @@ def test_tool_agreement_compares_knees_and_like_for_like_p50s_within_the_toleran
     assert tool_agreement(pd.DataFrame(rows), tolerance=0.6)["knee_agrees"]
     with pytest.raises(ValueError, match="tolerance"):
         tool_agreement(pd.DataFrame(rows), tolerance=1.5)
-    with pytest.raises(ValueError, match="p50_from_send_ms"):
-        tool_agreement(pd.DataFrame(rows).drop(columns="p50_from_send_ms"))
+    with pytest.raises(ValueError, match="p50_wire_ms"):
+        tool_agreement(pd.DataFrame(rows).drop(columns="p50_wire_ms"))
 
 
 def test_k6_offers_a_fractional_rate_per_hundred_seconds():

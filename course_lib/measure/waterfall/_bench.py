@@ -33,6 +33,7 @@ from course_lib.core.percentiles import percentile
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
 from course_lib.measure.knee import step_row
 from course_lib.measure.load_server import serve_churn, wait_idle
+from course_lib.measure.targets import WIRE_FIELD
 from course_lib.measure.waterfall._climb import (
     MIN_REQUESTS_P99,
     WaterfallStep,
@@ -180,8 +181,9 @@ def tool_comparison(
     DataFrame with ``tool``, ``rate_rps``, ``sent``, ``achieved_rps``, ``p50_ms``, ``p99_ms`` (each tool
     on its own definition: the course generator from the intended send time, k6 from the actual send,
     see ``course_lib.measure.waterfall._k6``), ``p50_from_send_ms`` (both from the actual send: the
-    course generator's latency minus its send lag, request by request, so the two tools' p50s compare
-    like for like), ``errors`` (share), ``dropped`` (k6's ``dropped_iterations``; the course generator sends every request, late if
+    course generator's latency minus its send lag, request by request; it still holds the client's work
+    before the write and after the read), ``p50_wire_ms`` (both from the request's write to its answer's
+    read: k6's ``http_req_duration``, the course generator's ``wire_ms``; the like-for-like one), ``errors`` (share), ``dropped`` (k6's ``dropped_iterations``; the course generator sends every request, late if
     need be, so 0), ``lag_p99_ms`` (course generator) and ``met`` (SLO met, generator on schedule or
     nothing dropped for k6).
     """
@@ -204,15 +206,18 @@ def tool_comparison(
                     max_vus=max_vus,
                 )
                 row = {"sent": r.requests, "achieved_rps": r.achieved_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
-                       "p50_from_send_ms": r.p50_ms, "errors": r.failed_rate, "dropped": r.dropped_iterations, "lag_p99_ms": math.nan,
-                       "met": r.met_slo(p99_limit_ms)}  # fmt: skip
+                       "p50_from_send_ms": r.p50_ms, "p50_wire_ms": r.p50_ms, "errors": r.failed_rate,
+                       "dropped": r.dropped_iterations, "lag_p99_ms": math.nan, "met": r.met_slo(p99_limit_ms)}  # fmt: skip
             else:
-                result = pool.run(url, payloads, rate_rps=rate, duration_s=duration, seed=int(rate))
+                result = pool.run(
+                    url, payloads, rate_rps=rate, duration_s=duration, seed=int(rate), fields=(WIRE_FIELD,)
+                )
                 s = step_row(result, p99_limit_ms=p99_limit_ms)
                 ok = result.requests[result.requests["ok"]]
                 from_send = (ok["latency_ms"] - ok["lag_ms"]).to_numpy()
                 row = {"sent": s["sent"], "achieved_rps": s["achieved_rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"],
                        "p50_from_send_ms": percentile(from_send, 50) if len(from_send) else math.nan,
+                       "p50_wire_ms": percentile(ok[WIRE_FIELD].to_numpy(), 50) if len(ok) else math.nan,
                        "errors": s["error_rate"], "dropped": 0, "lag_p99_ms": s["lag_p99_ms"],
                        "met": bool(s["met_slo"])}  # fmt: skip
             rows.append({"tool": tool, "rate_rps": rate, **row})

@@ -245,22 +245,28 @@ def run_k6(
 AGREEMENT_TOLERANCE = 0.2
 
 
-def tool_agreement(tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE) -> dict[str, Any]:
+def tool_agreement(
+    tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE, p50_column: str = "p50_wire_ms"
+) -> dict[str, Any]:
     """Whether k6 and the course generator agree on one service: its knee, and its p50 at the same rates.
 
     Parameters
     ----------
     tools : DataFrame
-        ``tool_comparison``'s table (``tool``, ``rate_rps``, ``met``, ``p50_from_send_ms``).
+        ``tool_comparison``'s table (``tool``, ``rate_rps``, ``met`` and ``p50_column``).
     tolerance : float in (0, 1)
         Largest relative difference that still agrees: ``|ratio - 1| <= tolerance``.
+    p50_column : str
+        The p50s compared: ``"p50_wire_ms"`` (default: both tools time the request from its write to its
+        answer's read) or ``"p50_from_send_ms"`` (the course generator's span then also holds its client
+        work before the write and after the read; records made before ``p50_wire_ms`` existed).
 
     Returns
     -------
     dict
         ``knee_rps`` (tool -> highest rate met, every lower rate met too; 0.0 if its first missed),
         ``knee_ratio`` (course generator / k6), ``p50_ratios`` (rate -> course generator's p50 / k6's,
-        both timed from the actual send, at every rate both met), ``worst_p50_ratio`` (the one furthest
+        ``p50_column``, at every rate both met), ``worst_p50_ratio`` (the one furthest
         from 1), and ``knee_agrees``, ``p50_agrees`` (within ``tolerance``).
 
     Raises
@@ -271,7 +277,7 @@ def tool_agreement(tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANC
     Examples
     --------
     >>> t = pd.DataFrame({"tool": ["course generator", "k6"] * 2, "rate_rps": [100.0, 100.0, 200.0, 200.0],
-    ...                   "met": [True, True, False, True], "p50_from_send_ms": [1.1, 1.0, 9.0, 2.0]})
+    ...                   "met": [True, True, False, True], "p50_wire_ms": [1.1, 1.0, 9.0, 2.0]})
     >>> a = tool_agreement(t)
     >>> a["knee_rps"], a["knee_ratio"], a["p50_agrees"]
     ({'course generator': 100.0, 'k6': 200.0}, 0.5, True)
@@ -279,7 +285,7 @@ def tool_agreement(tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANC
     tol = positive_number("tolerance", tolerance)
     if tol >= 1:
         raise checks.InvalidArgumentError(f"tolerance must be below 1, got {tolerance!r}")
-    missing = {"tool", "rate_rps", "met", "p50_from_send_ms"} - set(tools.columns)
+    missing = {"tool", "rate_rps", "met", p50_column} - set(tools.columns)
     if missing:
         raise ValueError(f"tools is missing columns {sorted(missing)}")
     knee = {}
@@ -291,7 +297,7 @@ def tool_agreement(tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANC
         n_met = int(met.argmin()) if not met.all() else len(met)
         knee[tool] = float(rows["rate_rps"].iloc[n_met - 1]) if n_met else 0.0
     both = tools[tools["met"].astype(bool)].pivot_table(
-        index="rate_rps", columns="tool", values="p50_from_send_ms", aggfunc="first"
+        index="rate_rps", columns="tool", values=p50_column, aggfunc="first"
     )
     both = both.dropna() if {"course generator", "k6"} <= set(both.columns) else both.iloc[0:0]
     ratio = both["course generator"] / both["k6"] if len(both) else pd.Series(dtype=float)
