@@ -343,3 +343,5 @@ def test_k6_offers_a_fractional_rate_per_hundred_seconds():
         r = run_k6(url + "/score", rate_rps=20.5, duration_s=2.0, ids=["SC-0000001"])
     assert r.dropped_iterations == 0 and r.failed_rate == 0
     assert 40 <= r.iterations <= 42  # 20.5/s for 2 s: k6 spaces the starts evenly
+    with pytest.raises(InvalidArgumentError, match=r"rate_rps must be at least 0\.01"):
+        run_k6(url + "/score", rate_rps=0.004, duration_s=1.0, ids=["SC-0000001"])

@@ -197,6 +197,10 @@ def run_k6(
         If k6 exits non-zero or overruns (the message holds the end of its output).
     """
     rate = positive_number("rate_rps", rate_rps)
+    if rate < 0.01:
+        raise checks.InvalidArgumentError(
+            f"rate_rps must be at least 0.01 (k6's step here), got {rate_rps!r}"
+        )
     duration = positive_number("duration_s", duration_s)
     integer("pre_allocated_vus", pre_allocated_vus, min=1)
     integer("max_vus", max_vus, min=int(pre_allocated_vus))
