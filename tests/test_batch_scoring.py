@@ -358,19 +358,3 @@ def test_the_command_starts_the_fork_server_only_where_workers_may_be_needed():
                  ["--help"], ["-h"], ["--source", "s.parquet", "--workers"]):  # fmt: skip
         assert _one_process(argv), argv
     assert not _one_process(["--source", "s.parquet", "--workers", "2"])
-
-
-def test_the_fork_server_preload_imports_xgboost_without_scikit_learn_and_leaves_it_importable():
-    # A fresh interpreter, as the fork server is: this test process has scikit-learn loaded already.
-    code = (
-        "import sys; from course_lib.offline.fork_server import PRELOAD; import importlib\n"
-        "for name in PRELOAD: importlib.import_module(name)\n"
-        "assert 'xgboost' in sys.modules and 'sklearn' not in sys.modules, sorted(sys.modules)[:5]\n"
-        "import numpy as np, xgboost, sklearn\n"
-        "b = xgboost.train({'objective': 'binary:logistic', 'nthread': 1},"
-        " xgboost.DMatrix(np.eye(4, dtype=np.float32), label=[0, 1, 0, 1]), 2)\n"
-        "print(b.inplace_predict(np.eye(4, dtype=np.float32)).shape, sklearn.__name__)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["(4,)", "sklearn"]

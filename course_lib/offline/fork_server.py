@@ -1,8 +1,8 @@
 """Where the batch job's worker processes come from: multiprocessing's fork server, started early.
 
 One concept: a worker that starts in milliseconds. The fork server is a clean single-threaded process
-that imports this package's chunk pipeline and XGBoost once (:mod:`course_lib.offline._preload`, without
-XGBoost's scikit-learn wrappers: under a second) and forks every worker
+that imports this package's chunk pipeline and XGBoost once (1 to 2 s on a 2-core laptop, about half of it
+XGBoost importing scikit-learn for its wrappers) and forks every worker
 from there, so a worker starts safely whatever threads the job's process runs. Where there is no fork
 server (Windows) workers are spawned. This module imports nothing heavy, so that
 ``python -m course_lib.offline`` can start the fork server before its own imports and model load,
@@ -22,7 +22,7 @@ import multiprocessing.forkserver
 __all__ = ["PRELOAD", "warm_up_workers", "worker_context"]
 
 #: What the fork server imports once for every worker it forks.
-PRELOAD = ["course_lib.offline._preload"]
+PRELOAD = ["course_lib.offline.chunk", "xgboost"]
 
 
 def worker_context() -> multiprocessing.context.BaseContext:
@@ -37,7 +37,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
 def warm_up_workers() -> None:
     """Start the fork server now, so that the job's worker processes start in milliseconds later.
 
-    It imports NumPy, pyarrow and XGBoost (under a second) while this process does other work, and
+    It imports NumPy, pyarrow and XGBoost (a second or more) while this process does other work, and
     stays until this process exits. Does nothing where workers are spawned, or if it runs already.
     """
     if worker_context().get_start_method() == "forkserver":
