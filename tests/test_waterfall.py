@@ -134,6 +134,35 @@ def test_a_start_above_this_machines_capacity_steps_down_until_a_rung_meets_when
     assert (plain["knee_rps"], plain["first_fail_rps"]) == (0, 200)  # without step_down: knee 0, as before
 
 
+def test_step_down_starts_from_the_first_rung_run_and_bad_climb_inputs_are_refused():
+    ladder = [100, 141, 200, 283, 400]
+    calls: list = []
+    rows = interleaved_climb(capacity_runner({"A": 150}, calls), ["A"], ladder, p99_limit_ms=100.0,
+                             start_rps={"A": 250}, step_down=True, retries=0)  # fmt: skip
+    assert [r for _, r in calls] == [283, 200, 141]  # 250 lies between rungs: it starts at 283
+    k = knees(rows).iloc[0]
+    assert (k["knee_rps"], k["first_fail_rps"]) == (141, 200)
+    run = capacity_runner({"A": 150, "B": 150}, [])
+    bad = [
+        ({"steps": "AB"}, "steps must be a list or tuple"),
+        ({"steps": ["A", "A"]}, "steps must not repeat"),
+        ({"ladder_rps": []}, "ladder_rps"),
+        ({"ladder_rps": [100, 100, 200]}, "ladder_rps"),
+        ({"ladder_rps": [0, 100]}, "ladder_rps"),
+        ({"ladder_rps": [100, float("nan")]}, "ladder_rps"),
+        ({"start_rps": {"a": 200}}, "not climbed"),
+        ({"start_rps": {"A": 1000}}, r"start_rps\['A'\]"),
+        ({"start_rps": {"A": float("nan")}}, r"start_rps\['A'\]"),
+        ({"start_rps": {"A": "200"}}, r"start_rps\['A'\]"),
+        ({"step_down": "no"}, "step_down"),
+        ({"repeat": 1.5}, "repeat"),
+    ]
+    for change, message in bad:
+        kwargs = {"steps": ["A", "B"], "ladder_rps": ladder, "p99_limit_ms": 100.0, **change}
+        with pytest.raises(InvalidArgumentError, match=message):
+            interleaved_climb(run, **kwargs)
+
+
 def test_lever_verdict_only_when_the_interval_excludes_one():
     assert lever_verdict(1.01, 2.0) == "gain"
     assert lever_verdict(0.2, 0.99) == "loss"
@@ -343,5 +372,8 @@ def test_k6_offers_a_fractional_rate_per_hundred_seconds():
         r = run_k6(url + "/score", rate_rps=20.5, duration_s=2.0, ids=["SC-0000001"])
     assert r.dropped_iterations == 0 and r.failed_rate == 0
     assert 40 <= r.iterations <= 42  # 20.5/s for 2 s: k6 spaces the starts evenly
-    with pytest.raises(InvalidArgumentError, match=r"rate_rps must be at least 0\.01"):
-        run_k6(url + "/score", rate_rps=0.004, duration_s=1.0, ids=["SC-0000001"])
+    for bad, message in (({"rate_rps": 0.004}, "rate_rps"), ({"rate_rps": 1000.004}, "rate_rps"),
+                         ({"duration_s": 0.5}, "duration_s"), ({"ids": "SC-0000001"}, "ids"),
+                         ({"grace_s": -1}, "grace_s"), ({"request_timeout_s": 1e-5}, "request_timeout_s")):  # fmt: skip
+        with pytest.raises(InvalidArgumentError, match=message):
+            run_k6(url + "/score", **{"rate_rps": 10, "duration_s": 1.0, "ids": ["SC-0000001"], **bad})

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from course_lib.core.checks import integer, non_empty
+from course_lib.core.checks import instance_of, integer, non_empty
 from course_lib.measure.loadgen import SERVED_FIELDS, Send
 from course_lib.serving.batching.batcher import DynamicBatcher
 from course_lib.serving.service import HttpStatusError, raise_for_status
@@ -41,6 +41,12 @@ __all__ = [
 WIRE_FIELD = "wire_ms"
 
 
+def _field_names(fields: Iterable[str]) -> tuple[str, ...]:
+    """``fields`` as a tuple of names; a bare string (``("wire_ms")`` without its comma) is refused."""
+    names: tuple[object, ...] = tuple(instance_of("fields", fields, (tuple, list, set, frozenset)))
+    return tuple(instance_of("fields", n, str) for n in names)
+
+
 def coroutine_target(
     submit: Callable[[Any], Awaitable[Any]], items: Sequence[Any], *, fields: Iterable[str] = ()
 ) -> Send:
@@ -55,7 +61,7 @@ def coroutine_target(
         If ``items`` is empty.
     """
     non_empty("items", items)
-    names = tuple(fields)
+    names = _field_names(fields)
 
     async def send(i: int) -> dict[str, Any]:
         result = await submit(items[i % len(items)])
@@ -77,7 +83,7 @@ def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Itera
     ValueError
         If ``payloads`` is empty.
     """
-    names = tuple(fields)
+    names = _field_names(fields)
 
     async def post(payload: Any) -> Mapping[str, Any]:
         response = raise_for_status(await client.post(url, json=payload))
@@ -103,7 +109,7 @@ def batcher_target(
     **batcher_kwargs : knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (``max_batch_size``, ...).
     """
     DynamicBatcher(score_batch, **batcher_kwargs)  # validate the knobs now, not mid-sweep
-    names = tuple(fields)
+    names = _field_names(fields)
 
     @asynccontextmanager
     async def factory():
@@ -117,7 +123,7 @@ def http_client_target(
     url: str, payloads: Sequence[Any], *, fields: Iterable[str] = SERVED_FIELDS, max_connections: int = 256
 ) -> Callable[[], AbstractAsyncContextManager[Send]]:
     """Factory for ``sweep_rates``: a fresh ``httpx.AsyncClient`` per run, POSTing JSON to ``url``."""
-    names = tuple(fields)
+    names = _field_names(fields)
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
 
     @asynccontextmanager
@@ -149,7 +155,7 @@ def aiohttp_target(
     """
     non_empty("payloads", payloads)
     max_connections = integer("max_connections", max_connections, min=1)
-    names = tuple(fields)
+    names = _field_names(fields)
     wire = WIRE_FIELD in names
     answer_names = tuple(n for n in names if n != WIRE_FIELD)
 

@@ -37,7 +37,15 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import integer, number, positive_number
+from course_lib.core.checks import (
+    InvalidArgumentError,
+    distinct,
+    instance_of,
+    integer,
+    non_empty,
+    number,
+    positive_number,
+)
 from course_lib.measure.knee import MAX_ERROR_RATE, step_row
 from course_lib.measure.loadgen import LoadResult
 
@@ -139,10 +147,18 @@ def interleaved_climb(
     on_row : callable row -> None, optional
         Progress.
     step_down : bool
-        If a step's start rung (one above the ladder's first) misses every try, try the rungs below it,
-        one at a time, until one is met or the ladder's first rung missed too: a start taken from another
-        machine's record may lie above what this one sustains. The climb of that step ends there (the
-        rung above the one met missed). Without it, such a step's knee is 0.
+        If the first rung a step runs (its start, or the rung above it) misses every try, try the rungs
+        below it, one at a time, until one is met or the ladder's first rung missed too: a start taken from
+        another machine's record may lie above what this one sustains. The climb of that step ends there
+        (the rung above the one met missed). The rungs below are run then, one step after the other, not
+        in turns. Without it, such a step's knee is 0.
+
+    Raises
+    ------
+    course_lib.core.checks.InvalidArgumentError
+        For step names not in a list or tuple, or repeated, a ladder that is empty or holds a rate that is
+        not finite and > 0 or holds one twice, a ``start_rps`` key that is not a step or a start outside the ladder,
+        and a ``repeat`` below 0. ``ValueError`` (its base class) for the other counts.
 
     Returns
     -------
@@ -152,14 +168,15 @@ def interleaved_climb(
     limit = positive_number("p99_limit_ms", p99_limit_ms)
     n_min = integer("min_requests", min_requests, min=1)
     tries = integer("retries", retries, min=0) + 1
-    order = list(steps)
-    if not order:
-        raise ValueError("steps must name at least one step")
-    shift = int(repeat) % len(order)
+    repeat = integer("repeat", repeat, min=0)
+    instance_of("step_down", step_down, bool)
+    order = _step_names(steps)
+    shift = repeat % len(order)
     order = order[shift:] + order[:shift]
-    ladder = sorted(float(r) for r in ladder_rps)
-    starts = {s: float((start_rps or {}).get(s, ladder[0])) for s in order}
+    ladder = _ladder(ladder_rps)
+    starts = _starts(start_rps, order, ladder)
     alive: list[str] = list(order)
+    ran: set[str] = set()
     rows: list[dict[str, Any]] = []
 
     def rung(step: str, rate: float) -> bool:
@@ -180,16 +197,53 @@ def interleaved_climb(
 
     for rate in ladder:
         for step in [s for s in alive if starts[s] <= rate]:
+            first = step not in ran  # the first rung this step runs: its start, or the rung above it
+            ran.add(step)
             if rung(step, rate):
                 continue
             alive.remove(step)
-            if step_down and rate == starts[step]:
+            if step_down and first:
                 below = [r for r in ladder if r < rate]
                 while below and not rung(step, below.pop()):
                     pass
         if not alive:
             break
     return pd.DataFrame(rows)
+
+
+def _step_names(steps: Sequence[str]) -> list[str]:
+    order: list[str] = distinct("steps", instance_of("steps", steps, (list, tuple)))
+    if not order:
+        raise ValueError("steps must name at least one step")
+    return order
+
+
+def _ladder(ladder_rps: Sequence[float]) -> list[float]:
+    rates = [positive_number("ladder_rps", r, unit="requests/s") for r in non_empty("ladder_rps", ladder_rps)]
+    return sorted(distinct("ladder_rps", rates))
+
+
+def _starts(start_rps: Mapping[str, float] | None, order: list[str], ladder: list[float]) -> dict[str, float]:
+    given = dict(start_rps or {})
+    unknown = sorted(set(given) - set(order), key=str)
+    if unknown:
+        raise InvalidArgumentError(
+            f"start_rps names steps that are not climbed: {unknown!r} (steps: {order!r})"
+        )
+    starts = {}
+    for step in order:
+        value = given.get(step, ladder[0])
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not ladder[0] <= value <= ladder[-1]
+        ):
+            raise InvalidArgumentError(
+                f"start_rps[{step!r}] must be a rate from the ladder's first rung ({ladder[0]:g}) to its last "
+                f"({ladder[-1]:g}) requests/s, got {value!r}"
+            )
+        starts[step] = float(value)
+    return starts
 
 
 def knees(runs: pd.DataFrame) -> pd.DataFrame:

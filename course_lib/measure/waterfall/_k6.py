@@ -148,6 +148,11 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
     )
 
 
+def _seconds(value: float) -> str:
+    """A k6 duration in seconds without an exponent (k6 cannot parse ``2e+06s``), to the millisecond."""
+    return f"{value:.3f}".rstrip("0").rstrip(".") + "s"
+
+
 def _k6_rate(rate_rps: float) -> dict[str, str]:
     """``RATE`` and ``TIME_UNIT`` for ``loadtests/churn.js``: k6 takes a whole number of iterations per
     time unit, so a fractional rate (380.5 requests/s, half a ladder rung) is given per 100 s (0.01/s steps).
@@ -178,14 +183,14 @@ def run_k6(
     Parameters
     ----------
     url : the endpoint to POST to (``http://127.0.0.1:PORT/score``).
-    rate_rps : float > 0
+    rate_rps : float >= 0.01, a multiple of 0.01
         Iterations (one request each) started per second; k6 takes whole iterations per time unit, so a
-        fractional rate is passed per 100 s (to 0.01 requests/s).
-    duration_s : float > 0
-    ids : customer ids, sent round-robin.
+        fractional rate is passed per 100 s.
+    duration_s : float >= 1 (k6's shortest run)
+    ids : customer id strings, sent round-robin.
     pre_allocated_vus, max_vus : int >= 1
         k6's virtual users: started up front, and at most (``dropped_iterations`` beyond that).
-    request_timeout_s : float > 0
+    request_timeout_s : float >= 0.001
         k6's per-request timeout (a timeout counts as failed).
     grace_s : float > 0
         k6 is killed if it runs this long past ``duration_s`` (start-up and its graceful stop included).
@@ -193,19 +198,33 @@ def run_k6(
 
     Raises
     ------
+    course_lib.core.checks.InvalidArgumentError
+        For a value outside the ranges above (a ``ValueError``).
     RuntimeError
         If k6 exits non-zero or overruns (the message holds the end of its output).
     """
     rate = positive_number("rate_rps", rate_rps)
-    if rate < 0.01:
+    if rate < 0.01 or abs(round(rate * 100) - rate * 100) > 1e-6 * rate * 100:
         raise checks.InvalidArgumentError(
-            f"rate_rps must be at least 0.01 (k6's step here), got {rate_rps!r}"
+            f"rate_rps must be a multiple of 0.01 requests/s, at least 0.01 (k6 takes whole iterations per "
+            f"100 s), got {rate_rps!r}"
         )
     duration = positive_number("duration_s", duration_s)
+    if duration < 1:
+        raise checks.InvalidArgumentError(
+            f"duration_s must be at least 1 (k6's shortest run), got {duration_s!r}"
+        )
     integer("pre_allocated_vus", pre_allocated_vus, min=1)
     integer("max_vus", max_vus, min=int(pre_allocated_vus))
-    positive_number("request_timeout_s", request_timeout_s)
+    timeout = positive_number("request_timeout_s", request_timeout_s)
+    if timeout < 0.001:
+        raise checks.InvalidArgumentError(
+            f"request_timeout_s must be at least 0.001, got {request_timeout_s!r}"
+        )
+    positive_number("grace_s", grace_s)
     non_empty("ids", ids)
+    if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
+        raise checks.InvalidArgumentError(f"ids must be a sequence of customer id strings, got {ids!r:.80}")
     with tempfile.TemporaryDirectory(prefix="course-k6-") as tmp:
         folder = Path(log_dir) if log_dir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -215,12 +234,12 @@ def run_k6(
         env_args = {
             "URL": url,
             **_k6_rate(rate),
-            "DURATION": f"{duration:g}s",
+            "DURATION": _seconds(duration),
             "IDS_FILE": str(ids_file),
             "SUMMARY_FILE": str(summary_file),
             "PRE_VUS": str(int(pre_allocated_vus)),
             "MAX_VUS": str(int(max_vus)),
-            "TIMEOUT": f"{request_timeout_s:g}s",
+            "TIMEOUT": _seconds(timeout),
         }
         # k6's logs go to its stdout, the log file; whatever the guard says goes to the child's log.
         cmd = [str(k6_binary()), "run", "--quiet", "--no-usage-report", "--log-output=stdout"]
