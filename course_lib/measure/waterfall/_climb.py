@@ -148,7 +148,7 @@ def interleaved_climb(
         Progress.
     step_down : bool
         If the first rung a step runs (its start, or the rung above it) misses every try, try the rungs
-        below it, one at a time, until one is met or the ladder's first rung missed too: a start taken from
+        below it, one at a time and once each, until one is met or the ladder's first rung missed too: a start taken from
         another machine's record may lie above what this one sustains. The climb of that step ends there
         (the rung above the one met missed). The rungs below are run then, one step after the other, not
         in turns. Without it, such a step's knee is 0.
@@ -179,9 +179,9 @@ def interleaved_climb(
     ran: set[str] = set()
     rows: list[dict[str, Any]] = []
 
-    def rung(step: str, rate: float) -> bool:
-        """Run ``step`` at ``rate`` up to ``tries`` times; whether a try met the SLO."""
-        for attempt in range(1, tries + 1):
+    def rung(step: str, rate: float, n_tries: int = tries) -> bool:
+        """Run ``step`` at ``rate`` up to ``n_tries`` times; whether a try met the SLO."""
+        for attempt in range(1, n_tries + 1):
             if settle is not None:
                 settle(step)
             row = step_row(run_step(step, rate), p99_limit_ms=limit, max_error_rate=MAX_ERROR_RATE)
@@ -204,7 +204,7 @@ def interleaved_climb(
             alive.remove(step)
             if step_down and first:
                 below = [r for r in ladder if r < rate]
-                while below and not rung(step, below.pop()):
+                while below and not rung(step, below.pop(), 1):  # going down, one try a rung
                     pass
         if not alive:
             break
