@@ -126,7 +126,13 @@ def test_a_start_above_this_machines_capacity_steps_down_until_a_rung_meets_when
     )
     k = knees(rows).set_index("step")
     assert (k.loc["A", "knee_rps"], k.loc["A", "first_fail_rps"]) == (70, 100)  # 200, 140, 100 missed, 70 met
-    assert [r for s, r in calls if s == "A"] == [200, 200, 140, 100, 70]  # the start tried twice, then once each
+    assert [r for s, r in calls if s == "A"] == [
+        200,
+        200,
+        140,
+        100,
+        70,
+    ]  # the start tried twice, then once each
     assert k.loc["B", "knee_rps"] == 280 and math.isnan(k.loc["B", "first_fail_rps"])  # climbed as before
     assert (k.loc["C", "knee_rps"], k.loc["C", "first_fail_rps"]) == (0, 50)  # even the first rung missed
     plain = knees(interleaved_climb(capacity_runner({"A": 70}, []), ["A"], ladder, p99_limit_ms=100.0,
