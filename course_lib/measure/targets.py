@@ -165,10 +165,9 @@ def aiohttp_target(
     @asynccontextmanager
     async def factory():
         connector = aiohttp.TCPConnector(limit=max_connections, force_close=False)
-        traces = []
-        if wire:
-            traces.append(aiohttp.TraceConfig())
-            traces[0].on_request_headers_sent.append(headers_sent)
+        traces = [aiohttp.TraceConfig()] if wire else []
+        for trace in traces:
+            trace.on_request_headers_sent.append(headers_sent)
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=60), trace_configs=traces or None
         ) as session:

@@ -148,8 +148,8 @@ def interleaved_climb(
         Progress.
     step_down : bool
         If the first rung a step runs (its start, or the rung above it) misses every try, try the rungs
-        below it, one at a time and once each, until one is met or the ladder's first rung missed too: a start taken from
-        another machine's record may lie above what this one sustains. The climb of that step ends there
+        below it, one at a time and once each, until one is met or the ladder's first rung missed too:
+        a start taken from another machine's record may lie above what this one sustains. The climb of that step ends there
         (the rung above the one met missed). The rungs below are run then, one step after the other, not
         in turns. Without it, such a step's knee is 0.
 
@@ -157,8 +157,8 @@ def interleaved_climb(
     ------
     course_lib.core.checks.InvalidArgumentError
         For step names not in a list or tuple, or repeated, a ladder that is empty or holds a rate that is
-        not finite and > 0 or holds one twice, a ``start_rps`` key that is not a step or a start outside the ladder,
-        and a ``repeat`` below 0. ``ValueError`` (its base class) for the other counts.
+        not finite and > 0 or holds one twice, a ``start_rps`` key that is not a step or a start outside
+        the ladder, and a ``repeat`` below 0. ``ValueError`` (its base class) for the other counts.
 
     Returns
     -------
@@ -230,20 +230,11 @@ def _starts(start_rps: Mapping[str, float] | None, order: list[str], ladder: lis
         raise InvalidArgumentError(
             f"start_rps names steps that are not climbed: {unknown!r} (steps: {order!r})"
         )
-    starts = {}
-    for step in order:
-        value = given.get(step, ladder[0])
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not ladder[0] <= value <= ladder[-1]
-        ):
-            raise InvalidArgumentError(
-                f"start_rps[{step!r}] must be a rate from the ladder's first rung ({ladder[0]:g}) to its last "
-                f"({ladder[-1]:g}) requests/s, got {value!r}"
-            )
-        starts[step] = float(value)
-    return starts
+    return {
+        step: number(f"start_rps[{step!r}]", given.get(step, ladder[0]), min=ladder[0], max=ladder[-1],
+                     unit="requests/s")
+        for step in order
+    }  # fmt: skip
 
 
 def knees(runs: pd.DataFrame) -> pd.DataFrame:

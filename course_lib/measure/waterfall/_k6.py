@@ -43,7 +43,7 @@ from course_lib.core import checks
 from course_lib.core._guard import guard_command
 from course_lib.core._io import REPO_ROOT
 from course_lib.core._process import start_child
-from course_lib.core.checks import integer, non_empty, positive_number
+from course_lib.core.checks import instance_of, integer, non_empty, number, positive_number
 
 #: The course's k6 script.
 K6_SCRIPT = REPO_ROOT / "loadtests" / "churn.js"
@@ -100,9 +100,7 @@ class K6Result:
     p99_ms: float
     max_ms: float
     vus_max: int
-    iteration_p50_ms: float = (
-        math.nan
-    )  # iteration_duration: the script's whole iteration, JavaScript included
+    iteration_p50_ms: float = math.nan
 
     def met_slo(self, p99_limit_ms: float, *, max_error_rate: float = 0.001) -> bool:
         """p99 within the limit, errors below the budget, and no iteration dropped."""
@@ -209,22 +207,14 @@ def run_k6(
             f"rate_rps must be a multiple of 0.01 requests/s, at least 0.01 (k6 takes whole iterations per "
             f"100 s), got {rate_rps!r}"
         )
-    duration = positive_number("duration_s", duration_s)
-    if duration < 1:
-        raise checks.InvalidArgumentError(
-            f"duration_s must be at least 1 (k6's shortest run), got {duration_s!r}"
-        )
+    duration = number("duration_s", duration_s, min=1, unit="s (k6's shortest run is 1 s)")
     integer("pre_allocated_vus", pre_allocated_vus, min=1)
     integer("max_vus", max_vus, min=int(pre_allocated_vus))
-    timeout = positive_number("request_timeout_s", request_timeout_s)
-    if timeout < 0.001:
-        raise checks.InvalidArgumentError(
-            f"request_timeout_s must be at least 0.001, got {request_timeout_s!r}"
-        )
+    timeout = number("request_timeout_s", request_timeout_s, min=0.001, unit="s")
     positive_number("grace_s", grace_s)
-    non_empty("ids", ids)
-    if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
-        raise checks.InvalidArgumentError(f"ids must be a sequence of customer id strings, got {ids!r:.80}")
+    customers: list[object] | tuple[object, ...] = instance_of("ids", non_empty("ids", ids), (list, tuple))
+    for customer in customers:
+        instance_of("ids", customer, str)
     with tempfile.TemporaryDirectory(prefix="course-k6-") as tmp:
         folder = Path(log_dir) if log_dir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
