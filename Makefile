@@ -25,7 +25,7 @@ LAB_CONFIG ?= $(CURDIR)/config/student-jupyter
 
 help:
 	@echo "Students"
-	@echo "  make lab           install (first run: about 370 MB of downloads, 1.6 GB on disk), build the first-run"
+	@echo "  make lab           install (first run: about 440 MB of downloads, 1.6 GB on disk), build the first-run"
 	@echo "                     files, open JupyterLab on 127.0.0.1 with the course kernel"
 	@echo "  make first-run     build the course model and Lesson 2's feature store if missing (timed)"
 	@echo "  make html          render the committed lessons (no execution) into build/html/ to read without running"
@@ -67,7 +67,7 @@ system-deps:
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required, found " + sys.version'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "Installing the course environment into $(VENV): about 370 MB of wheels (numpy, pandas, scikit-learn,"
+	@echo "Installing the course environment into $(VENV): about 440 MB of wheels (numpy, pandas, scikit-learn,"
 	@echo "XGBoost, ONNX Runtime, JupyterLab, ...), about 1.6 GB once installed. Usually 3-10 minutes; pip shows each download below."
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --progress-bar on -r requirements.lock
@@ -77,7 +77,7 @@ $(STAMP): requirements.lock pyproject.toml
 install: $(STAMP)
 
 # What the lessons would otherwise build on their first run: the course model (build/models, about 1 MB)
-# and Lesson 2's 1,000,000-customer feature store (build/feature_store, about 150 MB; 5 to 15 s on a 2-core
+# and Lesson 2's 1,000,000-customer feature store (build/feature_store, about 150 MB; 5 to 16 s on a 2-core
 # laptop). Idempotent: it returns at once when both exist.
 first-run: $(STAMP)
 	$(BIN)/python -m course_lib.course_runner --prepare
