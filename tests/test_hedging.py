@@ -300,3 +300,19 @@ def test_a_request_shed_by_its_primary_is_answered_by_the_hedge_at_once(shedding
     assert not requests.loc[requests["primary"] == 1, "hedged"].any()
     assert (stats.hedges, stats.shed_calls, stats.hedge_wins) == (3, 3, 3)
     assert (hedging_summary(requests, stats)["shed"], hedging_summary(requests, stats)["errors"]) == (0, 0)
+
+
+def test_fanout_pages_stop_at_their_time_budget_with_at_least_one_page(slow_and_fast_replicas, ids):
+    slow, fast = slow_and_fast_replicas
+
+    async def main(budget_s):
+        async with HedgingClient([slow.url, fast.url], hedge_after_ms=20.0) as client:
+            return await fanout_pages(client, ids, k=2, n_pages=50, id_prefix="budget", budget_s=budget_s)
+
+    # a budget far below one page: only the first page starts, and every array holds that page only
+    pages = run(main(1e-9))
+    assert pages.page_ms.shape == (1,) and pages.call_ms.shape == (1, 2) and pages.request_ids.shape == (1, 2)
+    assert pages.request_ids[0, 1] == "budget-0-1" and pages.primary.shape == (1, 2)
+    for bad in (0, -1.0, float("nan"), "1"):
+        with pytest.raises((ValueError, TypeError), match="budget_s"):
+            run(main(bad))

@@ -335,11 +335,19 @@ class FanoutRun:
 
 
 async def fanout_pages(
-    client: HedgingClient, customer_ids: Sequence[str], *, k: int, n_pages: int, id_prefix: str
+    client: HedgingClient,
+    customer_ids: Sequence[str],
+    *,
+    k: int,
+    n_pages: int,
+    id_prefix: str,
+    budget_s: float | None = None,
 ) -> FanoutRun:
     """Load ``n_pages`` pages one after another, each made of ``k`` parallel ``score`` calls.
 
-    A page is ready when its slowest call answered. Call ``j`` of page ``p`` scores
+    A page is ready when its slowest call answered. With ``budget_s`` (seconds), no page starts
+    once that much time has passed since the first: the run then holds the first pages only (at
+    least one), so a stall that a busy machine made long cannot stretch it without bound. Call ``j`` of page ``p`` scores
     ``customer_ids[(p * k + j) % len]`` with request id ``f"{id_prefix}-{p}-{j}"`` (the same ids in
     every run, so a replica that stalls by request id stalls the same calls).
 
@@ -350,17 +358,22 @@ async def fanout_pages(
     Raises
     ------
     ValueError
-        If k or n_pages < 1, or ``customer_ids`` is empty.
+        If k or n_pages < 1, ``budget_s`` is not a positive number, or ``customer_ids`` is empty.
     """
     k = integer("k", k, min=1)
     n_pages = integer("n_pages", n_pages, min=1)
+    budget_s = None if budget_s is None else positive_number("budget_s", budget_s)
     non_empty("customer_ids", customer_ids)
     page_ms = np.empty(n_pages)
     call_ms = np.empty((n_pages, k))
     primary = np.empty((n_pages, k), dtype=int)
     request_ids = np.array([[f"{id_prefix}-{p}-{j}" for j in range(k)] for p in range(n_pages)])
+    first = time.perf_counter()
     for p in range(n_pages):
         start = time.perf_counter()
+        if p and budget_s is not None and start - first >= budget_s:
+            n_pages = p
+            break
         results = await asyncio.gather(
             *(
                 client.score(customer_ids[(p * k + j) % len(customer_ids)], request_id=request_ids[p, j])
@@ -370,7 +383,7 @@ async def fanout_pages(
         page_ms[p] = 1000 * (time.perf_counter() - start)
         call_ms[p] = [r.latency_ms for r in results]
         primary[p] = [r.primary for r in results]
-    return FanoutRun(page_ms, call_ms, primary, request_ids)
+    return FanoutRun(page_ms[:n_pages], call_ms[:n_pages], primary[:n_pages], request_ids[:n_pages])
 
 
 def hedging_summary(requests: pd.DataFrame, stats: HedgeStats) -> dict[str, float]:
