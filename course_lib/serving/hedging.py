@@ -345,11 +345,11 @@ async def fanout_pages(
 ) -> FanoutRun:
     """Load ``n_pages`` pages one after another, each made of ``k`` parallel ``score`` calls.
 
-    A page is ready when its slowest call answered. With ``budget_s`` (seconds), no page starts
-    once that much time has passed since the first: the run then holds the first pages only (at
-    least one), so a stall that a busy machine made long cannot stretch it without bound. Call ``j`` of page ``p`` scores
+    A page is ready when its slowest call answered. Call ``j`` of page ``p`` scores
     ``customer_ids[(p * k + j) % len]`` with request id ``f"{id_prefix}-{p}-{j}"`` (the same ids in
-    every run, so a replica that stalls by request id stalls the same calls).
+    every run, so a replica that stalls by request id stalls the same calls). With ``budget_s``
+    (seconds), no page starts once that long has passed since the first (at least one runs), so a
+    stall that a busy machine made long cannot stretch the run without bound.
 
     Returns
     -------
