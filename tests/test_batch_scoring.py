@@ -358,3 +358,34 @@ def test_the_command_starts_the_fork_server_only_where_workers_may_be_needed():
                  ["--help"], ["-h"], ["--source", "s.parquet", "--workers"]):  # fmt: skip
         assert _one_process(argv), argv
     assert not _one_process(["--source", "s.parquet", "--workers", "2"])
+
+
+PROBE = """
+import json, sys
+from course_lib.offline.workers import worker_pool
+
+def probe():
+    import xgboost.compat
+    before = sorted(m for m in ("xgboost", "sklearn", "course_lib.offline.chunk") if m in sys.modules)
+    import sklearn  # still importable in a worker: the mark that hid it is gone
+    return before, xgboost.compat.SKLEARN_INSTALLED, sklearn.__name__
+
+if __name__ == "__main__":
+    pool = worker_pool(1)
+    print(json.dumps(pool.submit(probe).result()))
+    pool.shutdown()
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="workers are spawned where there is no fork server")
+def test_workers_start_with_xgboost_imported_and_scikit_learn_left_out(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+    )
+    before, sklearn_wrappers, imported = json.loads(run.stdout.strip().splitlines()[-1])
+    assert before == ["course_lib.offline.chunk", "xgboost"], (
+        "the fork server preloaded both, not scikit-learn"
+    )
+    assert sklearn_wrappers is False and imported == "sklearn"

@@ -1,9 +1,10 @@
 """Where the batch job's worker processes come from: multiprocessing's fork server, started early.
 
 One concept: a worker that starts in milliseconds. The fork server is a clean single-threaded process
-that imports this package's chunk pipeline and XGBoost once (1 to 2 s on a 2-core laptop, about half of it
-XGBoost importing scikit-learn for its wrappers) and forks every worker
-from there, so a worker starts safely whatever threads the job's process runs. Where there is no fork
+that imports this package's chunk pipeline and XGBoost once (:mod:`course_lib.offline.worker_imports`:
+about half a second on a 2-core laptop, since XGBoost's scikit-learn wrappers are left out; with them
+it took 1.5 s, longer than the job's own start, so the first worker started late) and forks every
+worker from there, so a worker starts safely whatever threads the job's process runs. Where there is no fork
 server (Windows) workers are spawned. This module imports nothing heavy, so that
 ``python -m course_lib.offline`` can start the fork server before its own imports and model load,
 and the two overlap.
@@ -22,7 +23,7 @@ import multiprocessing.forkserver
 __all__ = ["PRELOAD", "warm_up_workers", "worker_context"]
 
 #: What the fork server imports once for every worker it forks.
-PRELOAD = ["course_lib.offline.chunk", "xgboost"]
+PRELOAD = ["course_lib.offline.worker_imports"]
 
 
 def worker_context() -> multiprocessing.context.BaseContext:

@@ -89,7 +89,9 @@ def run_chunks(
     -------
     dict
         ``worker_processes`` started, and ``first_worker_result_s``: seconds from the start until a
-        worker process delivered its first chunk (NaN without workers), its start-up cost.
+        worker process finished its first chunk (NaN without workers): one chunk's time plus the
+        workers' start-up cost. Stamped when the worker's result arrives, not when this process,
+        busy with a chunk of its own, gets round to it.
 
     Raises
     ------
@@ -134,9 +136,13 @@ def run_chunks(
         for _ in range(extra):
             feed()
 
-    def finished(future: Future) -> None:
+    def finished(future: Future) -> None:  # in the pool's thread, the moment a worker's chunk ends
+        ok = not future.cancelled() and future.exception() is None
+        with lock:
+            if ok and math.isnan(state["first"]):
+                state["first"] = time.perf_counter() - start
         done.put(future)
-        if not future.cancelled() and future.exception() is None:
+        if ok:
             feed()
 
     def collect(block: bool) -> None:
@@ -150,8 +156,6 @@ def run_chunks(
             error = future.exception()
             if error is not None:
                 raise error
-            if math.isnan(state["first"]):
-                state["first"] = time.perf_counter() - start
             on_result(future.result())
 
     starter = threading.Thread(target=start_workers, name="start-workers", daemon=True)
