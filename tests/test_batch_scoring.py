@@ -389,3 +389,11 @@ def test_workers_start_with_xgboost_imported_and_scikit_learn_left_out(tmp_path)
         "the fork server preloaded both, not scikit-learn"
     )
     assert sklearn_wrappers is False and imported == "sklearn"
+
+
+def test_importing_the_worker_imports_elsewhere_keeps_xgboosts_scikit_learn_wrappers():
+    code = "import course_lib.offline.worker_imports, xgboost.compat; print(xgboost.compat.SKLEARN_INSTALLED)"
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert run.stdout.strip() == "True", "only the fork server's preload leaves scikit-learn out"

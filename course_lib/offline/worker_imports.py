@@ -9,7 +9,8 @@ scikit-learn only for those wrappers, and falls back to stand-in base classes wh
 later ``import sklearn`` in a worker works as usual, only XGBoost's wrappers in that process are the
 stand-ins. Where scikit-learn is already imported, nothing is hidden.
 
-Import it in a process that serves workers only (the fork server does): its XGBoost has no
+Only the fork server's own preload hides scikit-learn: imported anywhere else (a test that imports
+every module, a notebook), this module imports XGBoost as usual, so that process keeps XGBoost's
 scikit-learn wrappers.
 
 References
@@ -22,12 +23,26 @@ documentation, "The import system", ``sys.modules`` (a ``None`` entry makes the 
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 import course_lib.offline.chunk  # noqa: F401 (imported for the workers forked from this process)
 
 __all__: list[str] = []
 
-if "sklearn" in sys.modules:
+
+def _in_fork_server() -> bool:
+    """Whether this import runs in multiprocessing's fork server, from its preload loop."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    serve = getattr(getattr(forkserver, "main", None), "__code__", None)
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is serve:
+            return True
+        frame = frame.f_back
+    return False
+
+
+if "sklearn" in sys.modules or not _in_fork_server():
     import xgboost
 else:
     sys.modules["sklearn"] = None  # type: ignore[assignment]  # "import sklearn" raises ImportError
