@@ -22,7 +22,7 @@ from google.protobuf import text_format
 from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, ID_COLUMN, make_customers
 from course_lib.churn.export import pipeline_to_onnx
 from course_lib.core.waiting import wait_until
-from course_lib.offline.chunk import ChunkTask
+from course_lib.offline.chunk import ChunkTask, peak_rss_mib
 from course_lib.offline.job import (
     build_parquet_store,
     iter_store_chunks,
@@ -150,6 +150,19 @@ def test_missing_and_repeated_ids_are_rejected_not_fatal(churn_model, tmp_path):
     assert (summary.rows_scored, summary.rows_rejected) == (28, 2)
     assert sorted(rejects["reason"].str.split(" ").str[1]) == ["appears", "is"]
     assert _parts(tmp_path / "out")[ID_COLUMN].is_unique
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/clear_refs is Linux's")
+def test_this_process_reports_the_jobs_peak_memory_not_its_lifetime_peak(store, churn_model, tmp_path):
+    spike = np.ones(300 * 2**20 // 8)  # 300 MiB touched, then freed: a peak the job did not cause
+    del spike
+    lifetime_peak = peak_rss_mib()
+    summary = score_store(store, tmp_path / "out", churn_model, workers=1, progress=False)
+    assert summary.peak_rss_reset
+    assert summary.peak_rss_mib_by_process["this"] < lifetime_peak - 200, (
+        summary.peak_rss_mib_by_process,
+        lifetime_peak,
+    )
 
 
 def test_a_refused_call_leaves_the_folder_usable(store, churn_model, tmp_path):

@@ -605,3 +605,14 @@ def test_an_interpreter_started_through_a_relative_path_is_shown_to_the_kernel_a
     assert view.command[0] == python and python in view.command[1:], view.command
     assert ".." not in python.split(os.sep)
     assert any(dest == os.path.dirname(python) for _, dest in view.read_only), view.read_only
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="user ids are POSIX")
+def test_autograde_warns_when_it_grades_as_root(monkeypatch):
+    from course_lib.grading.cli import root_note
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    note = root_note()
+    assert note is not None and "as root" in note and "ordinary user" in note
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert root_note() is None

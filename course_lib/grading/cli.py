@@ -27,6 +27,7 @@ Sub-commands (run from anywhere; ``--course-root`` defaults to the workbook's ``
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -125,6 +126,16 @@ def error_lines(log: str) -> list[str]:
     return kept
 
 
+def root_note() -> str | None:
+    """A warning when this process grades as root (docs/instructors.md, *Grading safely*), else None."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    return (
+        "NOTE: grading as root. Student kernels keep your user id inside the sandbox, and root's id owns "
+        "the host's files: grade as an ordinary user (docs/instructors.md, Grading safely)."
+    )
+
+
 def _autograde(args) -> int:
     broken = config_error(args.course_root)
     if broken is not None:
@@ -143,6 +154,8 @@ def _autograde(args) -> int:
         print(f"Student kernels run in the `{check.mechanism}` sandbox.", file=sys.stderr)
     else:
         print("WARNING: --unsafe: student code runs without a sandbox, with your rights.", file=sys.stderr)
+    if (note := root_note()) is not None:
+        print(note, file=sys.stderr)
     results = run_intake(args.course_root, args.assignment, student=args.student)
     nbgrader_args = ["autograde", args.assignment, f"--CourseDirectory.submitted_directory={INTAKE_DIR}"]
     if args.student:

@@ -45,6 +45,7 @@ __all__ = [
     "ChunkResult",
     "ChunkTask",
     "peak_rss_mib",
+    "reset_peak_rss",
     "score_chunk",
     "scorer_for",
     "write_atomic",
@@ -116,6 +117,22 @@ def peak_rss_mib() -> float:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory to its current value; True where that worked.
+
+    Linux 4.0 and later: write ``5`` to ``/proc/self/clear_refs`` (proc(5), "Reset the peak resident
+    set size"), so that :func:`peak_rss_mib` then reports the peak since this call, not the process's
+    lifetime peak (a notebook kernel's includes everything the lesson built before). False elsewhere,
+    or where the file is not writable: the peak then stays the lifetime one.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def scorer_for(spec: ScorerSpec) -> Callable[[np.ndarray], np.ndarray]:

@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 
 from course_lib.core.bench import usable_cores
 from course_lib.core.checks import integer, one_of
-from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, peak_rss_mib
+from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, peak_rss_mib, reset_peak_rss
 from course_lib.offline.scorers import RUNTIMES, choose_runtime, make_scorer, row_problems, scorer_spec
 from course_lib.offline.store import (
     DEFAULT_CHUNK_ROWS,
@@ -97,6 +97,8 @@ class JobSummary:
     process (an upper bound on their simultaneous total; shared library pages count once per
     process); ``peak_rss_mib_by_process`` maps "this" and each worker pid to its own peak, and
     ``scorers_by_process`` to the scorers it built (one: each process reuses its scorer for every chunk).
+    "this" is the calling process's peak during the job when ``peak_rss_reset`` (Linux: its high-water
+    mark is reset at the start, :func:`~course_lib.offline.chunk.reset_peak_rss`), else its lifetime peak.
     """
 
     rows_read: int
@@ -117,6 +119,7 @@ class JobSummary:
     first_worker_result_s: float = float("nan")
     peak_rss_mib_by_process: dict[str, float] = field(default_factory=dict)
     scorers_by_process: dict[str, int] = field(default_factory=dict)
+    peak_rss_reset: bool = False
 
 
 def default_workers(threads: int = 1) -> int:
@@ -279,6 +282,7 @@ def score_store(
         scorers[key] = result.scorers_built
         bar.update(result.rows)
 
+    peak_reset = reset_peak_rss()  # "this" process's peak is then the job's, not the caller's lifetime one
     start = time.perf_counter()
     with bar:
         pool = run_chunks(todo, workers=workers, on_result=record)
@@ -288,7 +292,7 @@ def score_store(
         counts["read"] + counts["resumed_rows"], counts["scored"], counts["rejected"], plan.n_chunks,
         plan.n_chunks - len(todo), seconds, counts["read"] / seconds if seconds else float("nan"),
         sum(peaks.values()), runtime, model.model_version, str(out), 1 + pool["worker_processes"], threads,
-        stamp.isoformat(), stage_s, pool["first_worker_result_s"], peaks, scorers,
+        stamp.isoformat(), stage_s, pool["first_worker_result_s"], peaks, scorers, peak_reset,
     )  # fmt: skip
     (out / "_SUCCESS").write_text(json.dumps(asdict(summary), indent=1))
     return summary
