@@ -207,7 +207,7 @@ def break_even_hit_rate(run: pd.DataFrame, confidence: float = 0.95) -> dict[str
 
     Computed per round from the rounds' mean whole-call times, then the median over rounds and its
     interval. A break-even below 0 (a miss no slower than no cache) is reported as it is: the cache then
-    lowers the mean at any hit rate; at or above 1 (a hit no faster than a miss) it never does.
+    lowers the mean at any hit rate; at or above 1 (a hit no faster than no cache at all) it never does.
 
     Returns
     -------
@@ -244,6 +244,8 @@ def break_even_phrase(result: dict[str, float]) -> str:
     --------
     >>> break_even_phrase({"break_even": 0.18, "low": 0.12, "high": 0.25, "confidence": 0.97})
     'lowers the mean latency above a 18 % hit rate (97 % interval 12 % to 25 %)'
+    >>> break_even_phrase({"break_even": 1.05, "low": 1.03, "high": 1.07, "confidence": 0.96})
+    'never lowers the mean latency: a hit is no faster than no cache at all (96 % interval 103 % to 107 %)'
     >>> break_even_phrase({"break_even": 0.4, "low": -0.3, "high": 3.6, "confidence": 0.97})
     'break-even not resolved on this run (estimate 40 %, 97 % interval -30 % to 360 %)'
     """
@@ -254,7 +256,7 @@ def break_even_phrase(result: dict[str, float]) -> str:
     if high <= 0:
         return f"lowers the mean latency at any hit rate: a miss costs no more than no cache ({interval})"
     if low >= 1:
-        return f"never lowers the mean latency: a hit saves less than a miss adds ({interval})"
+        return f"never lowers the mean latency: a hit is no faster than no cache at all ({interval})"
     return f"break-even not resolved on this run (estimate {_pct(be)}, {interval})"
 
 
