@@ -152,6 +152,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime_comparison.py
 	$(BIN)/python benchmarks/batching.py
 	$(BIN)/python benchmarks/generator_limit.py
+	$(BIN)/python benchmarks/client_cpu.py
 	$(BIN)/python benchmarks/service_waterfall.py
 	$(BIN)/python benchmarks/batch_scoring.py
 

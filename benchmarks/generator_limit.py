@@ -1,4 +1,4 @@
-"""How fast can the load generator itself go? httpx in one process vs aiohttp + uvloop in 1 and 2 processes.
+"""How fast can the load generator itself go? httpx in one process vs the course generator (its wire client on uvloop) in 1 and 2 processes.
 
 Every client offers the same Poisson schedules to a null HTTP server (``course_lib.measure.generators.serve_null``,
 a separate process that answers ``{}`` at once) on 127.0.0.1. Per client and offered rate the table gives
@@ -38,7 +38,11 @@ def main() -> None:
     args = parser.parse_args()
     print(env_report())
     rows = []
-    alive = ["httpx, 1 process (asyncio)", "aiohttp + uvloop, 1 process", "aiohttp + uvloop, 2 processes"]
+    alive = [
+        "httpx, 1 process (asyncio)",
+        "wire client + uvloop, 1 process",
+        "wire client + uvloop, 2 processes",
+    ]
     with GeneratorPool(2) as pool:
         for rate in RATES_RPS:
             for name in list(alive):

@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     lowest = run.settings["generator_lowest_rps"]
     print(f"generator limit (send-lag p99 <= 1 ms): {generator_limit_text(run.generator_limit_rps, lowest)}")
     if args.out is not None:
-        generator = (
-            f"course_lib.measure.generators, {run.settings['n_generators']} processes (aiohttp + uvloop)"
-        )
+        generator = f"course_lib.measure.generators, {run.settings['n_generators']} processes (wire client: httptools + uvloop)"
         path = save_waterfall(
             run.table,
             args.out,

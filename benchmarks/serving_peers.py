@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             p99_limit_ms=limit,
             ladder_rps=ladder,
             start_rps=starts,
-            generator="course_lib.measure.generators, 2 processes (aiohttp + uvloop)",
+            generator="course_lib.measure.generators, 2 processes (wire client: httptools + uvloop)",
             production=PRODUCTION_NAME,
         )
         print(f"wrote {path}")

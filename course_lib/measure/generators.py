@@ -3,9 +3,11 @@
 A load generator is a program like any other: on a busy machine it falls behind its schedule, and
 then the "latency" it reports is its own lateness. Three tools keep it honest:
 
-* every process sends with ``course_lib.measure.targets.aiohttp_target`` (C-accelerated HTTP parsing, a
-  keep-alive connection pool, warmed before the run) under uvloop, several times cheaper per request
-  than httpx;
+* every process sends with ``course_lib.measure.targets.wire_target`` (the wire client of
+  ``course_lib.measure.targets.wire_client``: httptools' C parser on asyncio protocols, a keep-alive
+  connection pool warmed before the run, each request timed on the wire as k6 times it) under uvloop:
+  several times cheaper per request than httpx, about a third of aiohttp's CPU per request
+  (``benchmarks/client_cpu.py``);
 * ``run_generators``: the same offered load split over ``n_processes`` generator processes (independent
   Poisson streams at rate / n add up to a Poisson stream at the full rate), started at one common
   instant, their per-request rows merged into one ``LoadResult`` (exact samples, never averaged
@@ -21,7 +23,7 @@ Every generator process exits within a fraction of a second of the process that 
 References
 ----------
 Gil Tene, "How NOT to measure latency" (coordinated omission, generator lag).
-aiohttp client documentation ("Connectors", ``TCPConnector(limit=...)``); uvloop documentation.
+httptools and uvloop documentation; k6 documentation, "Built-in metrics" (``http_req_duration``).
 Python ``concurrent.futures.ProcessPoolExecutor`` with the ``spawn`` start method.
 """
 
@@ -50,7 +52,7 @@ from course_lib.measure.loadgen import (
     LoadResult,
     run_open_loop,
 )
-from course_lib.measure.targets import aiohttp_target
+from course_lib.measure.targets import wire_target
 from course_lib.serving.server import (
     DEFAULTS,
     add_arguments,
@@ -77,7 +79,7 @@ NULL_SERVER = DEFAULTS.replace(http="httptools", loop="uvloop", max_in_flight=10
 def _warm_worker(parent_pid: int) -> None:
     """Worker initializer: leave with the parent; import what a run needs now, not inside the first timed run."""
     exit_with_parent(parent_pid)
-    import aiohttp  # noqa: PLC0415, F401 (subprocess entry point)
+    import httptools  # noqa: PLC0415, F401 (subprocess entry point)
     import uvloop  # noqa: PLC0415, F401 (subprocess entry point)
 
 
@@ -90,7 +92,7 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
     import uvloop  # noqa: PLC0415 (subprocess entry point)
 
     async def main() -> tuple[LoadResult, float]:
-        async with aiohttp_target(spec["url"], spec["payloads"], fields=spec["fields"])() as send:
+        async with wire_target(spec["url"], spec["payloads"], fields=spec["fields"])() as send:
             # Open a few keep-alive connections now, so the timed run does not pay for TCP handshakes.
             await asyncio.gather(*(send(i) for i in range(spec["warm_connections"])), return_exceptions=True)
             delay = spec["start_at"] - time.time() - SPIN_WINDOW_S
@@ -184,7 +186,7 @@ class GeneratorPool:
 
         Parameters
         ----------
-        url, payloads, fields : as ``aiohttp_target``.
+        url, payloads, fields : as ``course_lib.measure.targets.wire_target``.
         rate_rps : float > 0
             Total offered rate; each of the k processes sends a Poisson stream at rate / k with its
             own seed (``seed * 1000 + process``).

@@ -1,4 +1,4 @@
-"""Ready-made targets for the open-loop generator: in-process coroutines, httpx, aiohttp, a fresh batcher.
+"""Ready-made targets for the open-loop generator: in-process coroutines, httpx, aiohttp, the wire client, a fresh batcher.
 
 ``course_lib.measure.loadgen.run_open_loop`` sends request ``i`` by awaiting ``send(i)``; these build such a
 ``send`` from what is under test. The ``*_target`` functions that return a factory (a zero-argument
@@ -24,6 +24,7 @@ import httpx
 
 from course_lib.core.checks import instance_of, integer, non_empty
 from course_lib.measure.loadgen import SERVED_FIELDS, Send
+from course_lib.measure.targets.wire_client import WireClient
 from course_lib.serving.batching.batcher import DynamicBatcher
 from course_lib.serving.service import HttpStatusError, raise_for_status
 
@@ -34,6 +35,7 @@ __all__ = [
     "coroutine_target",
     "http_client_target",
     "http_target",
+    "wire_target",
 ]
 
 
@@ -143,10 +145,10 @@ def aiohttp_target(
     fields of the JSON answer are recorded. Same contract as ``http_client_target``.
 
     The field :data:`WIRE_FIELD` (``"wire_ms"``) is not read from the answer: it records each request's
-    time *on the wire*, in ms, from aiohttp writing its headers (``TraceConfig.on_request_headers_sent``)
-    to the answer's body read, which is what k6's ``http_req_duration`` times (sending + waiting +
-    receiving); the generator's own latency also holds the client's work before and after (building the
-    request, resuming the task).
+    time from aiohttp writing its headers (``TraceConfig.on_request_headers_sent``) to the answer's body
+    read in the sending task, so it also holds the event-loop turns the answer takes to reach that task;
+    :func:`wire_target` (the course generator's client) stamps it where the bytes move, as k6's
+    ``http_req_duration`` does.
 
     Raises
     ------
@@ -189,5 +191,50 @@ def aiohttp_target(
                     return answer
 
             yield coroutine_target(post, payloads, fields=names)
+
+    return factory
+
+
+def wire_target(
+    url: str, payloads: Sequence[Any], *, fields: Iterable[str] = (), max_connections: int = 512
+) -> Callable[[], AbstractAsyncContextManager[Send]]:
+    """Factory (async context manager) yielding ``send(i)``: POST ``payloads[i % n]`` as JSON with
+    :class:`course_lib.measure.targets.wire_client.WireClient`. Same contract as :func:`aiohttp_target`.
+
+    :data:`WIRE_FIELD` is stamped where the bytes move (before the write, as the answer's last byte is
+    parsed), so it leaves out the event-loop turns that aiohttp's answer takes to reach its task: the
+    like-for-like figure beside k6's ``http_req_duration``. Each payload is encoded once, up front.
+
+    Raises
+    ------
+    ValueError
+        If ``payloads`` is empty, ``url`` is not ``http://...`` or ``max_connections`` < 1.
+    """
+    non_empty("payloads", payloads)
+    names = _field_names(fields)
+    wire = WIRE_FIELD in names
+    answer_names = tuple(n for n in names if n != WIRE_FIELD)
+    WireClient(url, max_connections=max_connections)  # validate now, not inside the run
+
+    @asynccontextmanager
+    async def factory():
+        async with WireClient(url, max_connections=max_connections) as client:
+            requests = [client.request_bytes(p) for p in payloads]
+
+            async def send(i: int) -> dict[str, Any]:
+                answer = await client.post(request=requests[i % len(requests)])
+                if not 200 <= answer.status < 300:
+                    raise HttpStatusError(
+                        answer.status,
+                        answer.body.decode("utf-8", errors="replace"),
+                        retry_after=answer.headers.get("retry-after"),
+                    )
+                out = json.loads(answer.body) if answer_names else {}
+                out = {name: out.get(name) for name in answer_names}
+                if wire:
+                    out[WIRE_FIELD] = answer.wire_ms
+                return out
+
+            yield send
 
     return factory

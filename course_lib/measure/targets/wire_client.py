@@ -1,0 +1,197 @@
+"""A lean keep-alive HTTP/1.1 client that times each request on the wire, as k6 does.
+
+The course generator's requests go through aiohttp, whose answer reaches the sending task one or two
+event-loop turns after its last byte was parsed; on a busy 2-core machine those turns hold other
+requests' work, so a time taken in the task is longer than the request spent on the wire. k6 times
+``http_req_duration`` from its write to its read in Go's own runtime. :class:`WireClient` takes both
+stamps where the bytes move: just before ``transport.write`` and in ``data_received``, the moment the
+answer's last byte is parsed (``httptools``, the C parser uvicorn uses), before any task resumes.
+
+It is deliberately small: POST with a JSON body, ``Content-Length`` or chunked answers, a pool of
+keep-alive connections (one request in flight per connection, as k6's virtual users and aiohttp's pool
+do), a connection the server closes or that is abandoned mid-answer (a timeout) is discarded.
+
+References
+----------
+k6 documentation, "Built-in metrics" (``http_req_duration`` = sending + waiting + receiving).
+RFC 9112 (HTTP/1.1 message syntax: ``Content-Length``, chunked transfer coding, persistent connections).
+httptools documentation (``HttpResponseParser`` callbacks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from course_lib.core.checks import integer
+
+__all__ = ["WireAnswer", "WireClient"]
+
+
+@dataclass(frozen=True)
+class WireAnswer:
+    """One answer: ``status`` (int), ``body`` (bytes), ``headers`` (lower-case name -> value, str) and
+    ``wire_ms``, the time from the request's write to its answer's last byte parsed, in ms."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str]
+    wire_ms: float
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; ``exchange`` writes a request and waits for its parsed answer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self._waiter: asyncio.Future[WireAnswer] | None = None
+        self._sent = 0.0
+        self._body: list[bytes] = []
+        self._headers: dict[str, str] = {}
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionError(f"unparseable HTTP answer: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(ConnectionError(f"the server closed the connection{f': {exc}' if exc else ''}"))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        done = time.perf_counter()  # the last byte parsed: k6's end of "receiving"
+        waiter, self._waiter = self._waiter, None
+        if not self.parser.should_keep_alive():
+            self.close()
+        if waiter is not None and not waiter.done():
+            answer = WireAnswer(
+                status=self.parser.get_status_code(),
+                body=b"".join(self._body),
+                headers=self._headers,
+                wire_ms=1000.0 * (done - self._sent),
+            )
+            waiter.set_result(answer)
+
+    def _fail(self, exc: Exception) -> None:
+        waiter, self._waiter = self._waiter, None
+        self.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def exchange(self, request: bytes) -> WireAnswer:
+        assert self.transport is not None and self._waiter is None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._body, self._headers = [], {}
+        self._sent = time.perf_counter()  # k6's start of "sending"
+        self.transport.write(request)
+        return await self._waiter
+
+
+class WireClient:
+    """POST JSON bodies to one ``http://host:port/path`` over a pool of keep-alive connections.
+
+    Use as an async context manager (the connections close on exit). ``post(body)`` sends one request
+    on an idle connection (a new one while fewer than ``max_connections`` are open, else it waits for
+    one) and returns a :class:`WireAnswer`; a request cancelled mid-flight (a timeout) closes its
+    connection, so no later request reads its answer.
+
+    Parameters
+    ----------
+    url : str
+        ``http://`` URL (no TLS).
+    max_connections : int >= 1
+
+    Raises
+    ------
+    ValueError
+        For a URL that is not ``http://host[:port]/...``; ``InvalidArgumentError`` for ``max_connections`` < 1.
+    ConnectionError
+        From ``post``: the connection failed, closed or sent an answer that does not parse.
+    """
+
+    def __init__(self, url: str, *, max_connections: int = 512) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"url must be http://host[:port]/path, got {url!r}")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.max_connections = integer("max_connections", max_connections, min=1)
+        self._head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            "Content-Type: application/json\r\nContent-Length: "
+        ).encode("ascii")
+        self._idle: deque[_Connection] = deque()
+        self._open = 0
+        self._slots: asyncio.Semaphore | None = None
+        self._all: set[_Connection] = set()
+
+    def request_bytes(self, payload: Any) -> bytes:
+        """The whole request for ``payload`` (JSON-encoded), headers and body."""
+        body = json.dumps(payload).encode()
+        return self._head + str(len(body)).encode("ascii") + b"\r\n\r\n" + body
+
+    async def __aenter__(self) -> WireClient:
+        self._slots = asyncio.Semaphore(self.max_connections)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for conn in list(self._all):
+            conn.close()
+        self._all.clear()
+        self._idle.clear()
+
+    async def _connection(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+            self._all.discard(conn)
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(_Connection, self.host, self.port)
+        self._all.add(conn)
+        return conn
+
+    async def post(self, payload: Any = None, *, request: bytes | None = None) -> WireAnswer:
+        """Send one POST (``payload`` as JSON, or the ready ``request`` bytes) and return its answer."""
+        if self._slots is None:
+            raise RuntimeError("use WireClient as `async with WireClient(url) as client:`")
+        data = self.request_bytes(payload) if request is None else request
+        async with self._slots:
+            conn = await self._connection()
+            done = False
+            try:
+                answer = await conn.exchange(data)
+                done = True
+            finally:
+                if done and not conn.closed:
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+                    self._all.discard(conn)
+        return answer

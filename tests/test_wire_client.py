@@ -1,0 +1,184 @@
+"""course_lib.measure.targets.wire_client and targets.wire_target against real servers on 127.0.0.1.
+
+The scripted server (asyncio.start_server) answers each request as the test tells it: Content-Length,
+chunked, ``Connection: close``, a 503, garbage, silence. No timing thresholds: ``wire_ms`` is checked
+for its ordering against the client's own clock only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from course_lib.core.checks import InvalidArgumentError
+from course_lib.measure.generators import serve_null
+from course_lib.measure.targets import WIRE_FIELD, wire_target
+from course_lib.measure.targets.wire_client import WireClient
+from course_lib.serving.service import HttpStatusError
+
+
+def run(coro, timeout_s: float = 30.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def _answer(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
+
+
+async def _scripted_server(script):
+    """A server whose ``script(request_body, n)`` answers request n: bytes, (delay_s, bytes) or None (hang up)."""
+    seen = {"requests": 0, "connections": 0}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["connections"] += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(
+                    next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(
+                        b":"
+                    )[1]
+                )
+                body = await reader.readexactly(length)
+                seen["requests"] += 1
+                out = script(json.loads(body), seen["requests"])
+                if isinstance(out, tuple):  # (delay_s, answer): answer late
+                    await asyncio.sleep(out[0])
+                    out = out[1]
+                if out is None:
+                    break
+                writer.write(out)
+                await writer.drain()
+                if b"Connection: close" in out:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/score", seen
+
+
+def test_answers_are_parsed_and_connections_reused():
+    async def main():
+        server, url, seen = await _scripted_server(
+            lambda body, n: _answer(json.dumps({"echo": body, "n": n}).encode())
+        )
+        async with server, WireClient(url, max_connections=4) as client:
+            before = time.perf_counter()
+            first = await client.post({"customer_id": "a"})
+            elapsed_ms = 1000 * (time.perf_counter() - before)
+            assert first.status == 200 and json.loads(first.body) == {"echo": {"customer_id": "a"}, "n": 1}
+            assert first.headers["content-type"] == "application/json"
+            assert 0 < first.wire_ms <= elapsed_ms  # stamped inside the client's own span
+            answers = [await client.post({"i": i}) for i in range(5)]
+            assert [json.loads(a.body)["echo"] for a in answers] == [{"i": i} for i in range(5)]
+            assert seen["connections"] == 1  # one after another: one keep-alive connection
+            many = await asyncio.gather(*(client.post({"i": i}) for i in range(20)))
+            assert sorted(json.loads(a.body)["echo"]["i"] for a in many) == list(range(20))
+            assert seen["connections"] <= 4  # never more than max_connections at once
+
+    run(main())
+
+
+def test_chunked_answers_close_and_hang_ups():
+    chunked = (
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{"a"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\n\r\n'
+    )
+
+    def script(body, n):
+        if body == "chunked":
+            return chunked
+        if body == "close":
+            return _answer(b"{}", extra="Connection: close\r\n")
+        if body == "hang up":
+            return None
+        if body == "garbage":
+            return b"NOT HTTP AT ALL\r\n\r\n"
+        return _answer(b"{}")
+
+    async def main():
+        server, url, seen = await _scripted_server(script)
+        async with server, WireClient(url) as client:
+            assert json.loads((await client.post("chunked")).body) == {"a": 1}
+            assert (await client.post("close")).status == 200
+            assert (await client.post("after close")).status == 200  # a new connection, transparently
+            assert seen["connections"] == 2
+            with pytest.raises(ConnectionError, match="closed the connection"):
+                await client.post("hang up")
+            with pytest.raises(ConnectionError, match="unparseable"):
+                await client.post("garbage")
+            assert (await client.post("still serving")).status == 200
+
+    run(main())
+
+
+def test_a_cancelled_request_closes_its_connection_so_no_one_reads_its_answer():
+    def script(body, n):
+        answer = _answer(json.dumps({"n": n}).encode())
+        return (2.0, answer) if body == "slow" else answer
+
+    async def main():
+        server, url, seen = await _scripted_server(script)
+        # "slow" is answered after 2 s; the client gives up first.
+        async with server, WireClient(url) as client:
+            await client.post("warm")
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await client.post("slow")
+            after = await client.post("next")
+            assert json.loads(after.body) == {"n": 3}  # its own answer, on a fresh connection
+            assert seen["connections"] == 2
+
+    run(main())
+
+
+def test_wire_target_raises_for_non_2xx_and_records_fields():
+    def script(body, n):
+        if body == {"customer_id": "shed"}:
+            return _answer(
+                b'{"detail": "overloaded"}', status="503 Service Unavailable", extra="Retry-After: 1\r\n"
+            )
+        return _answer(json.dumps({"queue_wait_ms": 0.5, "other": 1}).encode())
+
+    async def main():
+        server, url, _ = await _scripted_server(script)
+        payloads = [{"customer_id": "ok"}, {"customer_id": "shed"}]
+        async with server, wire_target(url, payloads, fields=("queue_wait_ms", WIRE_FIELD))() as send:
+            row = await send(0)
+            assert row["queue_wait_ms"] == 0.5 and "other" not in row and row[WIRE_FIELD] > 0
+            with pytest.raises(HttpStatusError) as shed:
+                await send(1)
+            assert shed.value.status == 503 and "overloaded" in str(shed.value)
+
+    run(main())
+
+
+def test_against_the_course_null_server():
+    async def main(url):
+        async with WireClient(url + "/anything?x=1") as client:
+            answers = await asyncio.gather(*(client.post({}) for _ in range(50)))
+        assert {a.status for a in answers} == {200} and {a.body for a in answers} == {b"{}"}
+
+    with serve_null(lifetime_s=60) as url:
+        run(main(url))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="url must be http"):
+        WireClient("https://127.0.0.1/score")
+    with pytest.raises(ValueError, match="url must be http"):
+        wire_target("127.0.0.1:80/score", [{}])
+    with pytest.raises(InvalidArgumentError, match="max_connections"):
+        WireClient("http://127.0.0.1/score", max_connections=0)
+    with pytest.raises(ValueError, match="payloads"):
+        wire_target("http://127.0.0.1/score", [])
+    with pytest.raises(RuntimeError, match="async with"):
+        run(WireClient("http://127.0.0.1:9/score").post({}))
