@@ -171,7 +171,59 @@ def test_against_the_course_null_server():
         run(main(url))
 
 
+def test_answers_nobody_asked_for_never_reach_a_request():
+    def script(body, n):
+        if body == "two":  # its own answer and a second one in the same write
+            return _answer(b'"first"', extra="X-Which: first\r\n") + _answer(
+                b'"extra"', extra="X-Which: extra\r\n"
+            )
+        if body == "continue":
+            return b"HTTP/1.1 100 Continue\r\n\r\n" + _answer(b'"final"')
+        if body == "upgrade":
+            return b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        return _answer(json.dumps(body).encode())
+
+    async def main():
+        server, url, seen = await _scripted_server(script)
+        async with server, WireClient(url) as client:
+            first = await client.post("two")
+            assert first.body == b'"first"' and first.headers["x-which"] == "first"
+            later = [await client.post(f"req{i}") for i in range(3)]
+            assert [a.body for a in later] == [b'"req0"', b'"req1"', b'"req2"']  # never the stray "extra"
+            assert seen["connections"] == 2  # the connection with the stray answer was dropped
+            final = await client.post("continue")
+            assert (final.status, final.body) == (200, b'"final"')  # the interim 100 is skipped
+            with pytest.raises(ConnectionError, match="switched protocols"):
+                await client.post("upgrade")
+            assert (await client.post("after")).body == b'"after"'
+
+    run(main())
+
+
+def test_a_closed_client_refuses_to_send_and_a_refused_connection_is_a_connection_error():
+    async def main():
+        server, url, _ = await _scripted_server(lambda body, n: _answer(b"{}"))
+        async with server:
+            client = WireClient(url)
+            async with client:
+                assert (await client.post({})).status == 200
+            with pytest.raises(RuntimeError, match="inside `async with"):
+                await client.post({})
+            with pytest.raises(RuntimeError, match="entered once"):
+                async with client:
+                    pass
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        async with WireClient(f"http://127.0.0.1:{port}/score") as closed_port:
+            with pytest.raises(ConnectionError, match="cannot connect"):
+                await closed_port.post({})
+
+    run(main())
+
+
 def test_bad_arguments_are_named():
+    for url in ("http://user:pw@127.0.0.1/score", "http://127.0.0.1/a b", "http://127.0.0.1/caf\u00e9"):
+        with pytest.raises(ValueError, match="url must be http"):
+            WireClient(url)
     with pytest.raises(ValueError, match="url must be http"):
         WireClient("https://127.0.0.1/score")
     with pytest.raises(ValueError, match="url must be http"):

@@ -47,7 +47,11 @@ class WireAnswer:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection; ``exchange`` writes a request and waits for its parsed answer."""
+    """One keep-alive connection; ``exchange`` writes a request and waits for its parsed answer.
+
+    Bytes that arrive while no request waits (an answer nobody asked for, a second answer in the same
+    read) abort the connection, so no later request can read them as its own.
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -63,16 +67,30 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
 
     def data_received(self, data: bytes) -> None:
+        if self._waiter is None:  # nothing asked for these bytes
+            self.abort()
+            return
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(
+                ConnectionError("the server switched protocols (101); this client speaks HTTP/1.1 only")
+            )
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"unparseable HTTP answer: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        # An answer delimited by the close itself (no Content-Length, not chunked; RFC 9112 section 6.3)
+        # is not read: httptools has no end-of-input call, and the course's servers always give a length.
         self._fail(ConnectionError(f"the server closed the connection{f': {exc}' if exc else ''}"))
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self._waiter is None:  # a second answer in one read: nobody asked for it
+            self.abort()
+        self._body, self._headers = [], {}
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
@@ -81,31 +99,43 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         done = time.perf_counter()  # the last byte parsed: k6's end of "receiving"
+        status = self.parser.get_status_code()
+        if (
+            100 <= status < 200 and status != 101
+        ):  # interim answer (100 Continue, 103): wait for the final one
+            return
         waiter, self._waiter = self._waiter, None
-        if not self.parser.should_keep_alive():
-            self.close()
-        if waiter is not None and not waiter.done():
-            answer = WireAnswer(
-                status=self.parser.get_status_code(),
-                body=b"".join(self._body),
-                headers=self._headers,
-                wire_ms=1000.0 * (done - self._sent),
+        if waiter is None or waiter.done():
+            self.abort()
+            return
+        if status == 101:
+            self.abort()
+            waiter.set_exception(
+                ConnectionError("the server switched protocols (101); this client speaks HTTP/1.1 only")
             )
-            waiter.set_result(answer)
+            return
+        if not self.parser.should_keep_alive():
+            self.abort()  # the whole answer is in: nothing left to send or read
+        waiter.set_result(
+            WireAnswer(status=status, body=b"".join(self._body), headers=dict(self._headers),
+                       wire_ms=1000.0 * (done - self._sent))
+        )  # fmt: skip
 
     def _fail(self, exc: Exception) -> None:
         waiter, self._waiter = self._waiter, None
-        self.close()
+        self.abort()
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    def close(self) -> None:
+    def abort(self) -> None:
+        """Drop the connection now, with whatever is still buffered (``transport.close`` would wait for it)."""
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
 
     async def exchange(self, request: bytes) -> WireAnswer:
-        assert self.transport is not None and self._waiter is None
+        if self.transport is None or self._waiter is not None or self.closed:
+            raise ConnectionError("this connection is closed or busy")
         self._waiter = asyncio.get_running_loop().create_future()
         self._body, self._headers = [], {}
         self._sent = time.perf_counter()  # k6's start of "sending"
@@ -116,40 +146,54 @@ class _Connection(asyncio.Protocol):
 class WireClient:
     """POST JSON bodies to one ``http://host:port/path`` over a pool of keep-alive connections.
 
-    Use as an async context manager (the connections close on exit). ``post(body)`` sends one request
-    on an idle connection (a new one while fewer than ``max_connections`` are open, else it waits for
-    one) and returns a :class:`WireAnswer`; a request cancelled mid-flight (a timeout) closes its
-    connection, so no later request reads its answer.
+    Use as an async context manager, once (the connections close on exit; ``post`` is refused after).
+    ``post(body)`` sends one request on an idle connection (a new one while fewer than
+    ``max_connections`` are open, else it waits for one) and returns a :class:`WireAnswer`; interim
+    1xx answers are skipped. A request cancelled mid-flight (a timeout), an answer that does not parse
+    or bytes nobody asked for abort their connection, so no later request reads another's answer. The
+    request is not retried, even when a kept-alive connection was closed by the server as it was sent.
 
     Parameters
     ----------
     url : str
-        ``http://`` URL (no TLS).
+        ``http://host[:port]/path[?query]`` (no TLS, no user info; the path in ASCII without spaces).
     max_connections : int >= 1
 
     Raises
     ------
     ValueError
-        For a URL that is not ``http://host[:port]/...``; ``InvalidArgumentError`` for ``max_connections`` < 1.
+        For a URL outside that form; ``InvalidArgumentError`` for ``max_connections`` < 1.
     ConnectionError
-        From ``post``: the connection failed, closed or sent an answer that does not parse.
+        From ``post``: the connection could not be made, closed, switched protocols or sent an
+        answer that does not parse.
+    RuntimeError
+        From ``post`` outside the ``async with`` block.
     """
 
     def __init__(self, url: str, *, max_connections: int = 512) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"url must be http://host[:port]/path, got {url!r}")
-        self.host, self.port = parts.hostname, parts.port or 80
-        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if (
+            parts.scheme != "http"
+            or not parts.hostname
+            or parts.username is not None
+            or not path.isascii()
+            or any(ch.isspace() for ch in path)
+        ):
+            raise ValueError(
+                f"url must be http://host[:port]/path (no user info, an ASCII path without spaces), got {url!r}"
+            )
+        self.host, self.port, self.path = parts.hostname, parts.port or 80, path
         self.max_connections = integer("max_connections", max_connections, min=1)
+        host = f"[{self.host}]" if ":" in self.host else self.host
         self._head = (
-            f"POST {self.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"POST {self.path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
             "Content-Type: application/json\r\nContent-Length: "
         ).encode("ascii")
         self._idle: deque[_Connection] = deque()
-        self._open = 0
         self._slots: asyncio.Semaphore | None = None
         self._all: set[_Connection] = set()
+        self._state = "new"
 
     def request_bytes(self, payload: Any) -> bytes:
         """The whole request for ``payload`` (JSON-encoded), headers and body."""
@@ -157,12 +201,15 @@ class WireClient:
         return self._head + str(len(body)).encode("ascii") + b"\r\n\r\n" + body
 
     async def __aenter__(self) -> WireClient:
-        self._slots = asyncio.Semaphore(self.max_connections)
+        if self._state != "new":
+            raise RuntimeError("a WireClient is entered once; make a new one")
+        self._slots, self._state = asyncio.Semaphore(self.max_connections), "open"
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._state = "closed"
         for conn in list(self._all):
-            conn.close()
+            conn.abort()
         self._all.clear()
         self._idle.clear()
 
@@ -173,14 +220,20 @@ class WireClient:
                 return conn
             self._all.discard(conn)
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Connection, self.host, self.port)
+        try:
+            _, conn = await loop.create_connection(_Connection, self.host, self.port)
+        except OSError as exc:
+            raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        if self._state != "open":  # the block was left while this connection was being made
+            conn.abort()
+            raise RuntimeError("the WireClient closed while this request was connecting")
         self._all.add(conn)
         return conn
 
     async def post(self, payload: Any = None, *, request: bytes | None = None) -> WireAnswer:
         """Send one POST (``payload`` as JSON, or the ready ``request`` bytes) and return its answer."""
-        if self._slots is None:
-            raise RuntimeError("use WireClient as `async with WireClient(url) as client:`")
+        if self._slots is None or self._state != "open":
+            raise RuntimeError("use WireClient inside `async with WireClient(url) as client:`")
         data = self.request_bytes(payload) if request is None else request
         async with self._slots:
             conn = await self._connection()
@@ -189,9 +242,9 @@ class WireClient:
                 answer = await conn.exchange(data)
                 done = True
             finally:
-                if done and not conn.closed:
+                if done and not conn.closed and self._state == "open":
                     self._idle.append(conn)
-                else:
-                    conn.close()
+                else:  # cancelled, failed, or the client closed meanwhile: nobody reads this connection again
+                    conn.abort()
                     self._all.discard(conn)
         return answer
