@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-import aiohttp
 import httpx
 
 from course_lib.core.checks import instance_of, integer, non_empty
@@ -39,7 +38,7 @@ __all__ = [
 ]
 
 
-#: The field ``aiohttp_target`` records as each request's time on the wire (ms), as k6 times it.
+#: The field the HTTP targets record as each request's time on the wire (ms); ``wire_target`` times it as k6 does.
 WIRE_FIELD = "wire_ms"
 
 
@@ -47,6 +46,12 @@ def _field_names(fields: Iterable[str]) -> tuple[str, ...]:
     """``fields`` as a tuple of names; a bare string (``("wire_ms")`` without its comma) is refused."""
     names: tuple[object, ...] = tuple(instance_of("fields", fields, (tuple, list, set, frozenset)))
     return tuple(instance_of("fields", n, str) for n in names)
+
+
+def _raise_unless_2xx(status: int, body: bytes, retry_after: str | None) -> None:
+    """``HttpStatusError`` (429/503 count as shed) for a non-2xx answer, naming the status and the body's start."""
+    if not 200 <= status < 300:
+        raise HttpStatusError(status, body.decode("utf-8", errors="replace"), retry_after=retry_after)
 
 
 def coroutine_target(
@@ -164,6 +169,8 @@ def aiohttp_target(
     async def headers_sent(_session: Any, context: Any, _params: Any) -> None:
         context.trace_request_ctx["sent"] = time.perf_counter()
 
+    import aiohttp  # noqa: PLC0415 (heavy optional dependency: the generator processes never need it)
+
     @asynccontextmanager
     async def factory():
         connector = aiohttp.TCPConnector(limit=max_connections, force_close=False)
@@ -179,12 +186,7 @@ def aiohttp_target(
                 async with session.post(url, json=payload, trace_request_ctx=marks) as response:
                     body = await response.read()
                     done = time.perf_counter()
-                    if not 200 <= response.status < 300:
-                        raise HttpStatusError(
-                            response.status,
-                            body.decode("utf-8", errors="replace"),
-                            retry_after=response.headers.get("Retry-After"),
-                        )
+                    _raise_unless_2xx(response.status, body, response.headers.get("Retry-After"))
                     answer = json.loads(body) if answer_names else {}
                     if wire:
                         answer = {**answer, WIRE_FIELD: 1000.0 * (done - marks["sent"])}
@@ -223,12 +225,7 @@ def wire_target(
 
             async def send(i: int) -> dict[str, Any]:
                 answer = await client.post(request=requests[i % len(requests)])
-                if not 200 <= answer.status < 300:
-                    raise HttpStatusError(
-                        answer.status,
-                        answer.body.decode("utf-8", errors="replace"),
-                        retry_after=answer.headers.get("retry-after"),
-                    )
+                _raise_unless_2xx(answer.status, answer.body, answer.headers.get("retry-after"))
                 out = json.loads(answer.body) if answer_names else {}
                 out = {name: out.get(name) for name in answer_names}
                 if wire:
