@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 from hdrh.histogram import HdrHistogram
 
+from course_lib.core.checks import InvalidArgumentError
 from course_lib.core.percentiles import percentile
 from course_lib.measure.coordinated_omission import (
     StallingTarget,
@@ -27,7 +29,15 @@ from course_lib.measure.histograms import (
     merge_vector,
     worker_samples_vector,
 )
-from course_lib.measure.knee import climb, find_knee, recovery_time_s, rolling_p99, step_row, step_table
+from course_lib.measure.knee import (
+    climb,
+    find_knee,
+    knees_beside_generator,
+    recovery_time_s,
+    rolling_p99,
+    step_row,
+    step_table,
+)
 from course_lib.measure.loadgen import LoadResult, run_open_loop
 from course_lib.measure.locust_runner import bucket_response_time_ms, locust_percentile
 from course_lib.measure.source_loadtest import source_load_test, source_percentile
@@ -377,3 +387,22 @@ def test_generator_limit_retries_a_missed_rate_once_and_stops_where_every_try_mi
     assert limit == 0.0 and len(table) == 1
     with pytest.raises(ValueError, match="retries"):
         generator_limit(FakePool(), "http://unused", [100], retries=-1)
+
+
+def test_knees_beside_generator_words_each_case():
+    above = knees_beside_generator({"production": 1520.0, "prototype": 40.0}, 1000.0, 100.0)
+    assert above.startswith("Production's knee (1,520 req/s) is above the generator's limit on a null server")
+    assert "prototype" not in above and "not the service's alone" in above
+    both = knees_beside_generator({"production": 2000.0, "floor": 3000.0}, 1000.0, 100.0)
+    assert both.startswith("Production's knee (2,000 req/s) and floor's knee (3,000 req/s) are above")
+    below = knees_beside_generator({"production": 900.0, "prototype": 40.0}, 1000.0, 100.0)
+    assert below.startswith("Production's knee (900 req/s) and prototype's knee (40 req/s) are at or below")
+    assert "generator_ok" in below
+    none_ok = knees_beside_generator({"production": 900.0}, 0.0, 1000.0)
+    assert "missed its send-lag bound at every rate tried on the null server (from 1,000 req/s)" in none_ok
+    assert knees_beside_generator({"production": 0.0}, 500.0, 100.0).startswith("No knee to compare")
+    cases = [(({"p": math.nan}, 1.0, 1.0), "knees_rps"), (({"p": 1.0}, -1.0, 1.0), "limit_rps"),
+             (({"p": 1.0}, 1.0, 0.0), "lowest_rps")]  # fmt: skip
+    for bad, name in cases:
+        with pytest.raises(InvalidArgumentError, match=name):
+            knees_beside_generator(*bad)

@@ -234,3 +234,61 @@ def test_bad_arguments_are_named():
         wire_target("http://127.0.0.1/score", [])
     with pytest.raises(RuntimeError, match="async with"):
         run(WireClient("http://127.0.0.1:9/score").post({}))
+
+
+def test_open_connections_sends_nothing_and_the_requests_use_them():
+    async def main():
+        server, url, seen = await _scripted_server(lambda body, n: _answer(b"{}"))
+        async with server, WireClient(url, max_connections=4) as client:
+            assert await client.open_connections(3) == 3
+            for _ in range(1000):  # the server's handler runs a loop turn after each accept
+                if seen["connections"] == 3:
+                    break
+                await asyncio.sleep(0.001)
+            assert seen == {"connections": 3, "requests": 0}
+            await asyncio.gather(*(client.post({"i": i}) for i in range(3)))
+            assert seen == {"connections": 3, "requests": 3}  # no handshake left for the requests
+            assert await client.open_connections(10) == 4  # at most max_connections
+            with pytest.raises(InvalidArgumentError, match="n must"):
+                await client.open_connections(-1)
+
+    run(main())
+
+
+def test_a_generator_run_sends_no_warm_up_requests():
+    """The generator opens its keep-alive connections without requests: a slow server (the prototype)
+    used to be handed 8 warm-up requests per process before the common start, and a process finished
+    them late, adding its lateness to every request's send lag."""
+    import http.server
+    import threading
+
+    from course_lib.measure.generators import GeneratorPool
+
+    received = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with GeneratorPool(2) as pool:
+            result = pool.run(
+                f"http://127.0.0.1:{server.server_port}/score", [{}], rate_rps=20, duration_s=0.5
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(received) == len(result.requests) > 0

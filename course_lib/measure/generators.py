@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import multiprocessing
 import os
 import sys
@@ -91,16 +92,20 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import uvloop  # noqa: PLC0415 (subprocess entry point)
 
-    async def main() -> tuple[LoadResult, float]:
-        async with wire_target(spec["url"], spec["payloads"], fields=spec["fields"])() as send:
-            # Open a few keep-alive connections now, so the timed run does not pay for TCP handshakes.
-            await asyncio.gather(*(send(i) for i in range(spec["warm_connections"])), return_exceptions=True)
+    async def main() -> tuple[LoadResult, float, float]:
+        # A few keep-alive connections are opened first (no request sent: warm-up requests would keep
+        # a slow server busy, and this process late, past the common start), so the run pays no handshakes.
+        target = wire_target(
+            spec["url"], spec["payloads"], fields=spec["fields"], open_connections=spec["warm_connections"]
+        )
+        async with target() as send:
             delay = spec["start_at"] - time.time() - SPIN_WINDOW_S
             if delay > 0:
                 await asyncio.sleep(delay)  # coarse timer, then the exact instant (as run_open_loop does)
             while time.time() < spec["start_at"]:
                 await asyncio.sleep(0)
             late_ms = max(0.0, 1000.0 * (time.time() - spec["start_at"]))
+            cpu_start_s = time.process_time()
             result = await run_open_loop(
                 send,
                 rate_rps=spec["rate_rps"],
@@ -111,36 +116,49 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
                 schedule_ms=spec["schedule_ms"],
                 spin_s=SPIN_WINDOW_S,  # a process of its own: spinning costs CPU, not another's GIL
             )
-        return result, late_ms
+        return result, late_ms, time.process_time() - cpu_start_s
 
     # A full garbage collection of a process that has imported pandas takes milliseconds: enough to
     # push a run's send lag over its bound. The run is bounded, so collect now and not during it.
     gc.collect()
     gc.disable()
     try:
-        result, late_ms = uvloop.run(main())
+        result, late_ms, cpu_s = uvloop.run(main())
     finally:
         gc.enable()
     req = result.requests
     frame = req.assign(lag_ms=req["lag_ms"] + late_ms, latency_ms=req["latency_ms"] + late_ms)
-    return {"requests": frame, "wall_s": result.wall_s, "pid": os.getpid(), "late_ms": late_ms}
+    return {"requests": frame, "wall_s": result.wall_s, "pid": os.getpid(), "late_ms": late_ms,
+            "cpu_s": cpu_s, "spin_cpu_s": result.spin_cpu_s}  # fmt: skip
 
 
 def merge_results(
-    parts: Sequence[pd.DataFrame], *, rate_rps: float, planned: int, wall_s: float
+    parts: Sequence[pd.DataFrame],
+    *,
+    rate_rps: float,
+    planned: int,
+    wall_s: float,
+    client_cpu_s: float = math.nan,
+    spin_cpu_s: float = math.nan,
 ) -> LoadResult:
     """Merge per-process request rows into one ``LoadResult``: every sample kept, ids renumbered.
 
     Rows are put in order of scheduled time and given fresh ``request_id`` 0..n-1; ``generator`` says
     which process sent each one. Percentiles of the result are those of all requests together, which
     an average of per-process percentiles is not (``course_lib.measure.histograms``).
+    ``client_cpu_s`` and ``spin_cpu_s`` are the processes' CPU seconds during the run and in its spins
+    before the sends (``LoadResult``), summed (NaN if not measured).
     """
     frames = [p.assign(generator=k) for k, p in enumerate(parts) if len(p)]
     if not frames:
         raise ValueError("no generator sent a request")
     merged = pd.concat(frames, ignore_index=True).sort_values("scheduled_ms", kind="stable")
     merged = merged.reset_index(drop=True).assign(request_id=lambda f: np.arange(len(f)))
-    return LoadResult(requests=merged, rate_rps=float(rate_rps), planned=int(planned), wall_s=float(wall_s))
+    return LoadResult(
+        requests=merged, rate_rps=float(rate_rps), planned=int(planned), wall_s=float(wall_s),
+        client_cpu_s=float(client_cpu_s),
+        spin_cpu_s=float(spin_cpu_s),
+    )  # fmt: skip
 
 
 class GeneratorPool:
@@ -196,8 +214,9 @@ class GeneratorPool:
         n_processes : int, optional
             Use only the first n processes (default all).
         warm_connections : int >= 0
-            Requests each process sends together before the common start, untimed, so that the run
-            finds that many keep-alive connections open instead of paying TCP handshakes.
+            Keep-alive connections each process opens before the common start (no request sent on
+            them: warm-up requests would leave a slow server, such as the prototype, working on them
+            and a process late past the start), so that the run pays no TCP handshakes for them.
         """
         k = self.n_processes if n_processes is None else n_processes
         if not 1 <= k <= self.n_processes:
@@ -231,7 +250,11 @@ class GeneratorPool:
             for o, s in zip(outs, specs, strict=True)
         ]
         planned = sum(s["n_requests"] for s in specs)
-        return merge_results(parts, rate_rps=rate_rps, planned=planned, wall_s=max(o["wall_s"] for o in outs))
+        return merge_results(
+            parts, rate_rps=rate_rps, planned=planned, wall_s=max(o["wall_s"] for o in outs),
+            client_cpu_s=sum(o["cpu_s"] for o in outs),
+            spin_cpu_s=sum(o["spin_cpu_s"] for o in outs),
+        )  # fmt: skip
 
     def step_runner(
         self, url: str, payloads: Sequence[Any], **run_kwargs: Any

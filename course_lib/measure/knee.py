@@ -17,7 +17,7 @@ Google SRE book, ch. 4 "Service Level Objectives" (percentile SLOs) and ch. 21 "
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,7 @@ __all__ = [
     "MAX_ERROR_RATE",
     "climb",
     "find_knee",
+    "knees_beside_generator",
     "recovery_time_s",
     "rolling_p99",
     "step_row",
@@ -154,6 +155,68 @@ def find_knee(table: pd.DataFrame) -> dict[str, float]:
         "first_miss_rps": float(ordered.loc[failed[0], "rate_rps"]) if len(failed) else math.nan,
         "generator_ok": bool(upto["generator_ok"].all()) if len(upto) else False,
     }
+
+
+def _listed(knees_rps: Mapping[str, float]) -> str:
+    parts = [f"{n}'s knee ({k:,.0f} req/s)" for n, k in knees_rps.items()]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def knees_beside_generator(knees_rps: Mapping[str, float], limit_rps: float, lowest_rps: float) -> str:
+    """One sentence: where each knee sits against the generator's limit on the null server, and what follows.
+
+    Parameters
+    ----------
+    knees_rps : name -> knee (requests/s; 0 = no rung met, left out).
+    limit_rps : float >= 0
+        ``course_lib.measure.generators.generator_limit``'s answer (0.0 when even its lowest rate missed).
+    lowest_rps : float > 0
+        The lowest rate that limit's climb tried.
+
+    Above the limit the generator was not shown to keep its schedule (its send-lag p99 went over the
+    bound at the next rate it tried, on a null server with the machine to itself). Where it falls behind,
+    its lateness counts in the latency, against the SLO, and its CPU comes out of the cores the server
+    runs on: such a knee is the service's *with this generator beside it on this machine*, not the
+    service's alone. Whether it kept up at each step is that step's ``generator_ok``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a negative limit, a lowest rate that is not > 0, or a knee that is negative or not a number.
+
+    Examples
+    --------
+    >>> knees_beside_generator({"production": 1520.0, "prototype": 40.0}, 1000.0, 100.0).split(", so")[0]
+    "Production's knee (1,520 req/s) is above the generator's limit on a null server (1,000 req/s)"
+    """
+    limit = positive_number("limit_rps", limit_rps, allow_zero=True)
+    lowest = positive_number("lowest_rps", lowest_rps)
+    met = {n: positive_number(f"knees_rps[{n!r}]", k, allow_zero=True) for n, k in knees_rps.items()}
+    met = {n: k for n, k in met.items() if k > 0}
+    if not met:
+        return "No knee to compare with the generator's limit: no rung met the SLO."
+    named = _listed(met)
+    if limit == 0:
+        return (
+            f"The generator missed its send-lag bound at every rate tried on the null server (from {lowest:,.0f} "
+            f"req/s), so it was not shown to keep its schedule at {named}; each step's generator_ok says whether it "
+            "did beside this server."
+        )
+    above = {n: k for n, k in met.items() if k > limit}
+    if not above:
+        return (
+            f"{named[0].upper() + named[1:]} {'is' if len(met) == 1 else 'are'} at or below the generator's limit on "
+            f"a null server ({limit:,.0f} req/s): the generator can offer these rates on time with the machine to "
+            "itself; each step's generator_ok says whether it did beside this server."
+        )
+    over = _listed(above)
+    return (
+        f"{over[0].upper() + over[1:]} {'is' if len(above) == 1 else 'are'} above the generator's limit on a null server ({limit:,.0f} "
+        "req/s), so the generator was not shown to keep its schedule there (each step's generator_ok says whether "
+        "it did). Where it falls behind, its lateness counts in the latency, against the SLO, and its CPU comes out "
+        "of the cores the server runs on: such a knee is the service's with this generator beside it on this "
+        "machine, not the service's alone."
+    )
 
 
 def rolling_p99(requests: pd.DataFrame, *, window_ms: float = 500.0, step_ms: float = 100.0) -> pd.DataFrame:

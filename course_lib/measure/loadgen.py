@@ -93,12 +93,22 @@ class LoadResult:
         Requests the schedule held; ``len(requests)`` is smaller if ``max_duration_s`` cut it short.
     wall_s : float
         From start to the last answer (or give-up), seconds.
+    client_cpu_s : float
+        CPU seconds (user + system, ``time.process_time``) the sending process(es) spent during the
+        run, summed over processes; NaN where not measured. On a machine the generator shares with the
+        server, this is CPU the server did not get.
+    spin_cpu_s : float
+        Of that, the CPU spent between the coarse timer's wake-up and each send (``spin_s``: yielding
+        to the loop and, with a spin, to other processes), summed likewise; NaN where not measured. It
+        holds the callbacks of answers that arrive meanwhile too, so it bounds the spin from above.
     """
 
     requests: pd.DataFrame
     rate_rps: float
     planned: int
     wall_s: float
+    client_cpu_s: float = math.nan
+    spin_cpu_s: float = math.nan
 
     def summary(self, *, lag_bound_ms: float = SEND_LAG_BOUND_MS) -> dict[str, float]:
         """Offered and achieved rates, outcome counts and latency percentiles of the successful requests.
@@ -260,15 +270,18 @@ async def run_open_loop(
         rows[i] = row
 
     tasks = []
+    spin_cpu_s = 0.0  # CPU spent in the last stretch before the sends (other tasks' callbacks run there too)
     for i, offset in enumerate(schedule_s.tolist()):
         due = start + offset
         wait = due - clock() - spin_s
         if wait > 0:  # the event loop's timers are coarse (whole milliseconds in uvloop/libuv) ...
             await asyncio.sleep(wait)
+        spin_start_s = time.process_time()
         while clock() < due:  # ... so the last stretch yields to the loop until the instant (never early)
             if spin_s:
                 os.sched_yield()  # and to other processes: a busy 2-core machine has the server to run
             await asyncio.sleep(0)
+        spin_cpu_s += time.process_time() - spin_start_s
         tasks.append(asyncio.create_task(one(i, due)))
     if tasks:
         await asyncio.gather(*tasks)
@@ -276,4 +289,6 @@ async def run_open_loop(
     if missing:  # every request sent has a row: an answer, a shed, a timeout or an error
         raise RuntimeError(f"{len(missing)} requests have no outcome (first: {missing[:5]})")
     frame = pd.DataFrame(rows)
-    return LoadResult(requests=frame, rate_rps=rate, planned=n_requests, wall_s=clock() - start)
+    return LoadResult(
+        requests=frame, rate_rps=rate, planned=n_requests, wall_s=clock() - start, spin_cpu_s=spin_cpu_s
+    )

@@ -198,7 +198,12 @@ def aiohttp_target(
 
 
 def wire_target(
-    url: str, payloads: Sequence[Any], *, fields: Iterable[str] = (), max_connections: int = 512
+    url: str,
+    payloads: Sequence[Any],
+    *,
+    fields: Iterable[str] = (),
+    max_connections: int = 512,
+    open_connections: int = 0,
 ) -> Callable[[], AbstractAsyncContextManager[Send]]:
     """Factory (async context manager) yielding ``send(i)``: POST ``payloads[i % n]`` as JSON with
     :class:`course_lib.measure.targets.wire_client.WireClient`. Same contract as :func:`aiohttp_target`.
@@ -206,13 +211,17 @@ def wire_target(
     :data:`WIRE_FIELD` is stamped where the bytes move (before the write, as the answer's last byte is
     parsed), so it leaves out the event-loop turns that aiohttp's answer takes to reach its task: the
     like-for-like figure beside k6's ``http_req_duration``. Each payload is encoded once, up front.
+    ``open_connections`` keep-alive connections are opened on entering, before ``send`` is yielded
+    (no request sent: ``WireClient.open_connections``), so that a timed run does not pay their handshakes.
 
     Raises
     ------
     ValueError
-        If ``payloads`` is empty, ``url`` is not ``http://...`` or ``max_connections`` < 1.
+        If ``payloads`` is empty, ``url`` is not ``http://...``, ``max_connections`` < 1 or
+        ``open_connections`` < 0.
     """
     non_empty("payloads", payloads)
+    integer("open_connections", open_connections, min=0)
     names = _field_names(fields)
     wire = WIRE_FIELD in names
     answer_names = tuple(n for n in names if n != WIRE_FIELD)
@@ -222,6 +231,7 @@ def wire_target(
     async def factory():
         async with WireClient(url, max_connections=max_connections) as client:
             requests = [client.request_bytes(p) for p in payloads]
+            await client.open_connections(open_connections)
 
             async def send(i: int) -> dict[str, Any]:
                 answer = await client.post(request=requests[i % len(requests)])

@@ -230,6 +230,34 @@ class WireClient:
         self._all.add(conn)
         return conn
 
+    async def open_connections(self, n: int) -> int:
+        """Open connections (no request sent) until ``n`` idle ones wait in the pool; return how many do.
+
+        A run that should not pay TCP handshakes opens them first; sending warm-up requests instead
+        would leave a slow server working on them when the run starts. At most ``max_connections``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For ``n`` < 0. ConnectionError and RuntimeError as ``post``.
+        """
+        want = min(integer("n", n, min=0), self.max_connections)
+        if self._slots is None or self._state != "open":
+            raise RuntimeError("use WireClient inside `async with WireClient(url) as client:`")
+        self._idle = deque(c for c in self._idle if not c.closed)
+        loop = asyncio.get_running_loop()
+        while len(self._idle) < want and len(self._all) < self.max_connections:
+            try:
+                _, conn = await loop.create_connection(_Connection, self.host, self.port)
+            except OSError as exc:
+                raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+            if self._state != "open":
+                conn.abort()
+                raise RuntimeError("the WireClient closed while its connections were being opened")
+            self._all.add(conn)
+            self._idle.append(conn)
+        return len(self._idle)
+
     async def post(self, payload: Any = None, *, request: bytes | None = None) -> WireAnswer:
         """Send one POST (``payload`` as JSON, or the ready ``request`` bytes) and return its answer."""
         if self._slots is None or self._state != "open":

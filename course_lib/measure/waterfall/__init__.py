@@ -7,6 +7,8 @@
 * ``_bench``: ``WATERFALL`` (the steps), ``SERVERS``, ``run_waterfall`` (servers, ``Server-Timing``
   ceilings, knees, a like-for-like p99), ``tool_comparison`` (k6 beside the course generator);
 * ``_k6``: ``run_k6``, Grafana k6 on ``loadtests/churn.js`` in a bounded subprocess, and its summary;
+* ``_client_cpu``: each load tool's CPU per request (k6 and the course generator, open loop at the same
+  rate), ``save_client_cpu`` / ``load_client_cpu`` (``data/measurements/client_cpu.json``);
 * ``_peers``: ``PEERS`` (BentoML, LitServe, granian on the same work) and ``save_peers`` / ``load_peers``.
 
 ``benchmarks/service_waterfall.py`` and ``benchmarks/serving_peers.py`` record the full runs; Lessons 5,
@@ -25,6 +27,16 @@ from course_lib.measure.waterfall._bench import (
     in_process_ceiling,
     run_waterfall,
     tool_comparison,
+)
+from course_lib.measure.waterfall._client_cpu import (
+    LOAD_TOOLS,
+    RECORDED_CLIENT_CPU,
+    ClientCpuRecord,
+    client_cpu_table,
+    generator_cpu_s_per_request,
+    k6_cpu_s_per_request,
+    load_client_cpu,
+    save_client_cpu,
 )
 from course_lib.measure.waterfall._climb import (
     LADDER_RATIO,
@@ -71,30 +83,37 @@ __all__ = [
     "FLOOR_STEP",
     "K6_SCRIPT",
     "LADDER_RATIO",
+    "LOAD_TOOLS",
     "MIN_REQUESTS_P99",
     "PEERS",
     "PEERS_VENV",
     "PRODUCTION_STEP",
     "PROTOTYPE_STEP",
+    "RECORDED_CLIENT_CPU",
     "RECORDED_PEERS",
     "RECORDED_WATERFALL",
     "SERVERS",
     "WATERFALL",
+    "ClientCpuRecord",
     "K6Result",
     "PeerSpec",
     "PeersRecord",
     "WaterfallRecord",
     "WaterfallRun",
     "WaterfallStep",
+    "client_cpu_table",
     "floor_model",
+    "generator_cpu_s_per_request",
     "geometric_ladder",
     "in_process_ceiling",
     "interleaved_climb",
     "k6_binary",
+    "k6_cpu_s_per_request",
     "k6_version",
     "knees",
     "lever_table",
     "lever_verdict",
+    "load_client_cpu",
     "load_peers",
     "load_waterfall",
     "parse_k6_summary",
@@ -102,6 +121,7 @@ __all__ = [
     "run_k6",
     "run_waterfall",
     "rung_duration_s",
+    "save_client_cpu",
     "save_peers",
     "save_waterfall",
     "start_rungs",
