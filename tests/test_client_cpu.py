@@ -51,13 +51,11 @@ def test_bad_arguments_are_named():
             k6_cpu_s_per_request(
                 "http://127.0.0.1:9/score", **{"rate_rps": 10, "duration_s": 1.0, "ids": IDS, **bad}
             )
-    for bad, name in (
-        ({"repeats": 0}, "repeats"),
-        ({"duration_s": 0}, "duration_s"),
-        ({"rates_rps": [-5.0]}, "rates_rps"),
-    ):
+    cases = [({"repeats": 0}, "repeats"), ({"duration_s": 0.5}, "duration_s"), ({"rates_rps": [-5.0]}, "rates_rps"),
+             ({"rates_rps": []}, "rates_rps"), ({"ids": []}, "ids")]  # fmt: skip
+    for bad, name in cases:
         with pytest.raises(InvalidArgumentError, match=name):
-            client_cpu_table(None, "http://127.0.0.1:9/score", IDS, **{"rates_rps": [10.0], **bad})  # type: ignore[arg-type]
+            client_cpu_table(None, "http://127.0.0.1:9/score", **{"ids": IDS, "rates_rps": [10.0], **bad})  # type: ignore[arg-type]
 
 
 def test_record_round_trip_and_lookup(tmp_path):
@@ -73,6 +71,11 @@ def test_record_round_trip_and_lookup(tmp_path):
     assert "2 repeats of 3 s" in record.provenance()
     with pytest.raises(ValueError, match="no row for tool 'locust'"):
         record.median_us("locust")
+    with pytest.raises(InvalidArgumentError, match="column"):
+        record.median_us("k6", column="cores")
+    broken = save_client_cpu(table.drop(columns="spin_us_per_request"), tmp_path / "old.json")
+    with pytest.raises(ValueError, match="spin_us_per_request"):
+        load_client_cpu(broken)
     with pytest.raises(FileNotFoundError, match=r"benchmarks/client_cpu\.py"):
         load_client_cpu(tmp_path / "missing.json")
 

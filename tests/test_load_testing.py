@@ -391,18 +391,24 @@ def test_generator_limit_retries_a_missed_rate_once_and_stops_where_every_try_mi
 
 def test_knees_beside_generator_words_each_case():
     above = knees_beside_generator({"production": 1520.0, "prototype": 40.0}, 1000.0, 100.0)
-    assert above.startswith("Production's knee (1,520 req/s) is above the generator's limit on a null server")
-    assert "prototype" not in above and "not the service's alone" in above
+    assert above.startswith(
+        "The knee of production (1,520 req/s) is above the generator's limit on a null server"
+    )
+    assert "not the service's alone" in above
+    assert above.endswith("The knee of prototype (40 req/s) is at or below the limit.")
     both = knees_beside_generator({"production": 2000.0, "floor": 3000.0}, 1000.0, 100.0)
-    assert both.startswith("Production's knee (2,000 req/s) and floor's knee (3,000 req/s) are above")
-    below = knees_beside_generator({"production": 900.0, "prototype": 40.0}, 1000.0, 100.0)
-    assert below.startswith("Production's knee (900 req/s) and prototype's knee (40 req/s) are at or below")
-    assert "generator_ok" in below
+    assert both.startswith("The knees of production (2,000 req/s) and floor (3,000 req/s) are above")
+    assert "such knees are the services'" in both and "at or below" not in both
+    below = knees_beside_generator({"vLLM": 900.0, "prototype": 40.0}, 1000.0, 100.0)
+    assert below.startswith("The knees of vLLM (900 req/s) and prototype (40 req/s) are at or below")
+    assert "these rates" in below and "generator_ok" in below
+    assert "at or below" in knees_beside_generator({"production": 1000.4}, 1000.0, 100.0)  # as printed
     none_ok = knees_beside_generator({"production": 900.0}, 0.0, 1000.0)
-    assert "missed its send-lag bound at every rate tried on the null server (from 1,000 req/s)" in none_ok
+    assert "without errors at none of the rates tried on the null server (from 1,000 req/s)" in none_ok
     assert knees_beside_generator({"production": 0.0}, 500.0, 100.0).startswith("No knee to compare")
     cases = [(({"p": math.nan}, 1.0, 1.0), "knees_rps"), (({"p": 1.0}, -1.0, 1.0), "limit_rps"),
-             (({"p": 1.0}, 1.0, 0.0), "lowest_rps")]  # fmt: skip
+             (({"p": 1.0}, 1.0, 0.0), "lowest_rps"), (([1.0], 1.0, 1.0), "knees_rps"),
+             (({"p": 1.0}, 50.0, 100.0), "limit_rps must be 0 or at least lowest_rps")]  # fmt: skip
     for bad, name in cases:
         with pytest.raises(InvalidArgumentError, match=name):
             knees_beside_generator(*bad)

@@ -248,7 +248,8 @@ def test_open_connections_sends_nothing_and_the_requests_use_them():
             assert seen == {"connections": 3, "requests": 0}
             await asyncio.gather(*(client.post({"i": i}) for i in range(3)))
             assert seen == {"connections": 3, "requests": 3}  # no handshake left for the requests
-            assert await client.open_connections(10) == 4  # at most max_connections
+            with pytest.raises(InvalidArgumentError, match="n must be an integer >= 0 and <= 4, got 10"):
+                await client.open_connections(10)  # more than max_connections
             with pytest.raises(InvalidArgumentError, match="n must"):
                 await client.open_connections(-1)
 
@@ -292,3 +293,54 @@ def test_a_generator_run_sends_no_warm_up_requests():
         server.shutdown()
         server.server_close()
     assert len(received) == len(result.requests) > 0
+
+
+def test_open_connections_drops_closed_ones_caps_and_bounds():
+    async def main():
+        server, url, _seen = await _scripted_server(lambda body, n: _answer(b"{}"))
+        async with server, WireClient(url, max_connections=2) as client:
+            assert await client.open_connections(2) == 2
+            for conn in list(client._idle):  # as if the server had closed them while idle
+                conn.abort()
+            assert await client.open_connections(2) == 2  # refilled with fresh ones
+            assert len(client._all) == 2
+            with pytest.raises(InvalidArgumentError, match="n must"):
+                await client.open_connections(3)  # above max_connections
+            # a post called while connections are being opened waits for them instead of opening its own
+            results = await asyncio.gather(client.open_connections(2), client.post({}), client.post({}))
+            assert results[0] == 2 and len(client._all) == 2
+            for conn in list(client._idle):
+                conn.abort()
+            with pytest.raises(RuntimeError, match="no other call is opening"):
+                await asyncio.gather(client.open_connections(2), client.open_connections(2))
+
+    run(main())
+
+
+def test_a_server_that_never_accepts_does_not_hold_the_run():
+    """wire_target bounds the opening (best effort): the requests then time out as the run's own."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):  # fill the backlog: later connects wait for an accept that never comes
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            fillers.append(s)
+
+        async def main():
+            async with wire_target(
+                f"http://127.0.0.1:{port}/score", [{}], open_connections=4, open_timeout_s=0.3
+            )():
+                return True
+
+        assert run(main(), timeout_s=10)  # entered: bounded by open_timeout_s, not the kernel's ~2 minutes
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()

@@ -96,8 +96,9 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
         # A few keep-alive connections are opened first (no request sent: warm-up requests would keep
         # a slow server busy, and this process late, past the common start), so the run pays no handshakes.
         target = wire_target(
-            spec["url"], spec["payloads"], fields=spec["fields"], open_connections=spec["warm_connections"]
-        )
+            spec["url"], spec["payloads"], fields=spec["fields"], open_connections=spec["warm_connections"],
+            open_timeout_s=spec["request_timeout_s"],
+        )  # fmt: skip
         async with target() as send:
             delay = spec["start_at"] - time.time() - SPIN_WINDOW_S
             if delay > 0:
@@ -165,7 +166,8 @@ class GeneratorPool:
     """``n_processes`` load-generator processes (spawned once, reused for every run), apart from the server.
 
     Use as a context manager; the processes exit when it closes or when this process dies (their
-    task pipe closes). Each run is bounded by its duration plus its request timeout.
+    task pipe closes). Each run is bounded by its duration plus twice its request timeout (one for
+    opening its keep-alive connections, one for the last answer).
 
     Parameters
     ----------
@@ -213,15 +215,16 @@ class GeneratorPool:
             One explicit schedule (e.g. a spike) dealt round-robin to the processes instead.
         n_processes : int, optional
             Use only the first n processes (default all).
-        warm_connections : int >= 0
+        warm_connections : int in 0..512
             Keep-alive connections each process opens before the common start (no request sent on
             them: warm-up requests would leave a slow server, such as the prototype, working on them
-            and a process late past the start), so that the run pays no TCP handshakes for them.
+            and a process late past the start), so that the run pays no TCP handshakes for them; at most
+            ``request_timeout_s`` is spent on them (the rest are made by the requests).
         """
         k = self.n_processes if n_processes is None else n_processes
         if not 1 <= k <= self.n_processes:
             raise ValueError(f"n_processes must be in 1..{self.n_processes}, got {n_processes!r}")
-        warm_connections = integer("warm_connections", warm_connections, min=0)
+        warm_connections = integer("warm_connections", warm_connections, min=0, max=512)  # wire_target's pool
         start_at = time.time() + self.start_delay_s  # one instant for every process
         n_requests = int(rate_rps * duration_s * 1.5) + 100
         specs: list[dict[str, Any]] = []

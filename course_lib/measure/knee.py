@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import positive_number
+from course_lib.core.checks import InvalidArgumentError, instance_of, positive_number
 from course_lib.core.percentiles import percentile, percentiles
 from course_lib.measure.loadgen import SEND_LAG_BOUND_MS, LoadResult
 
@@ -157,66 +157,90 @@ def find_knee(table: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def _listed(knees_rps: Mapping[str, float]) -> str:
-    parts = [f"{n}'s knee ({k:,.0f} req/s)" for n, k in knees_rps.items()]
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+def _rps(value: float) -> str:
+    return f"{value:,.0f} req/s" if value >= 10 else f"{value:.2g} req/s"
+
+
+def _knees(knees_rps: Mapping[str, float]) -> str:
+    """``the knee of a (1 req/s)`` or ``the knees of a (1 req/s) and b (2 req/s)``; names kept as given."""
+    parts = [f"{n} ({_rps(k)})" for n, k in knees_rps.items()]
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return ("the knee of " if len(parts) == 1 else "the knees of ") + listed
 
 
 def knees_beside_generator(knees_rps: Mapping[str, float], limit_rps: float, lowest_rps: float) -> str:
-    """One sentence: where each knee sits against the generator's limit on the null server, and what follows.
+    """Where each knee sits against the generator's limit on the null server, and what follows, in words.
 
     Parameters
     ----------
-    knees_rps : name -> knee (requests/s; 0 = no rung met, left out).
-    limit_rps : float >= 0
-        ``course_lib.measure.generators.generator_limit``'s answer (0.0 when even its lowest rate missed).
+    knees_rps : mapping name -> knee (requests/s; 0 = no rung met, left out). Names are printed as given.
+    limit_rps : float, 0 or >= ``lowest_rps``
+        ``course_lib.measure.generators.generator_limit``'s answer (0.0 when no rate it tried met its
+        send-lag bound without errors).
     lowest_rps : float > 0
         The lowest rate that limit's climb tried.
 
-    Above the limit the generator was not shown to keep its schedule (its send-lag p99 went over the
-    bound at the next rate it tried, on a null server with the machine to itself). Where it falls behind,
-    its lateness counts in the latency, against the SLO, and its CPU comes out of the cores the server
-    runs on: such a knee is the service's *with this generator beside it on this machine*, not the
-    service's alone. Whether it kept up at each step is that step's ``generator_ok``.
+    Above the limit the generator was not shown to keep its schedule (the next rate it tried, on a null
+    server with the machine to itself, went over its send-lag bound or had errors). Where it falls
+    behind, its lateness counts in the latency, against the SLO, and its CPU comes out of the cores the
+    server runs on: such a knee is the service's *with this generator beside it on this machine*, not the
+    service's alone. Whether it kept up at each step is that step's ``generator_ok``. Knees and the limit
+    are compared as printed (whole requests/s).
 
     Raises
     ------
     InvalidArgumentError
-        For a negative limit, a lowest rate that is not > 0, or a knee that is negative or not a number.
+        For knees that are not a mapping, a knee that is negative or not a number, a negative limit or
+        one between 0 and ``lowest_rps``, or a lowest rate that is not > 0.
 
     Examples
     --------
     >>> knees_beside_generator({"production": 1520.0, "prototype": 40.0}, 1000.0, 100.0).split(", so")[0]
-    "Production's knee (1,520 req/s) is above the generator's limit on a null server (1,000 req/s)"
+    "The knee of production (1,520 req/s) is above the generator's limit on a null server (1,000 req/s)"
     """
+    instance_of("knees_rps", knees_rps, Mapping)
     limit = positive_number("limit_rps", limit_rps, allow_zero=True)
     lowest = positive_number("lowest_rps", lowest_rps)
+    if 0 < limit < lowest:
+        raise InvalidArgumentError(
+            f"limit_rps must be 0 or at least lowest_rps ({lowest:g}): generator_limit answers a rate it tried, "
+            f"got {limit_rps!r}"
+        )
     met = {n: positive_number(f"knees_rps[{n!r}]", k, allow_zero=True) for n, k in knees_rps.items()}
     met = {n: k for n, k in met.items() if k > 0}
     if not met:
         return "No knee to compare with the generator's limit: no rung met the SLO."
-    named = _listed(met)
     if limit == 0:
         return (
-            f"The generator missed its send-lag bound at every rate tried on the null server (from {lowest:,.0f} "
-            f"req/s), so it was not shown to keep its schedule at {named}; each step's generator_ok says whether it "
-            "did beside this server."
+            f"The generator met its send-lag bound without errors at none of the rates tried on the null server "
+            f"(from {_rps(lowest)}), so it was not shown to keep its schedule at {_knees(met)}; each step's "
+            "generator_ok says whether it did beside this server."
         )
-    above = {n: k for n, k in met.items() if k > limit}
+    above = {n: k for n, k in met.items() if round(k) > round(limit)}
+    below = {n: k for n, k in met.items() if n not in above}
     if not above:
+        lead = _knees(below)
         return (
-            f"{named[0].upper() + named[1:]} {'is' if len(met) == 1 else 'are'} at or below the generator's limit on "
-            f"a null server ({limit:,.0f} req/s): the generator can offer these rates on time with the machine to "
-            "itself; each step's generator_ok says whether it did beside this server."
+            f"{lead[0].upper()}{lead[1:]} {'is' if len(below) == 1 else 'are'} at or below the generator's limit on "
+            f"a null server ({_rps(limit)}): the generator can offer {'this rate' if len(below) == 1 else 'these rates'} "
+            "on time with the machine to itself; each step's generator_ok says whether it did beside this server."
         )
-    over = _listed(above)
-    return (
-        f"{over[0].upper() + over[1:]} {'is' if len(above) == 1 else 'are'} above the generator's limit on a null server ({limit:,.0f} "
-        "req/s), so the generator was not shown to keep its schedule there (each step's generator_ok says whether "
-        "it did). Where it falls behind, its lateness counts in the latency, against the SLO, and its CPU comes out "
-        "of the cores the server runs on: such a knee is the service's with this generator beside it on this "
-        "machine, not the service's alone."
+    one, lead = len(above) == 1, _knees(above)
+    text = (
+        f"{lead[0].upper()}{lead[1:]} {'is' if one else 'are'} above the generator's limit on a null server "
+        f"({_rps(limit)}), so the generator was not shown to keep its schedule there (each step's generator_ok says "
+        "whether it did). Where it falls behind, its lateness counts in the latency, against the SLO, and its CPU "
+        "comes out of the cores the server runs on: "
+        + (
+            "such a knee is the service's with this generator beside it on this machine, not the service's alone."
+            if one
+            else "such knees are the services' with this generator beside them on this machine, not theirs alone."
+        )
     )
+    if not below:
+        return text
+    rest = _knees(below)
+    return text + f" {rest[0].upper()}{rest[1:]} {'is' if len(below) == 1 else 'are'} at or below the limit."
 
 
 def rolling_p99(requests: pd.DataFrame, *, window_ms: float = 500.0, step_ms: float = 100.0) -> pd.DataFrame:

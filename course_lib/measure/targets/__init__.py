@@ -13,6 +13,8 @@ httpx documentation ("Async support", ``Limits``); aiohttp client documentation 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -21,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from course_lib.core.checks import instance_of, integer, non_empty
+from course_lib.core.checks import instance_of, integer, non_empty, positive_number
 from course_lib.measure.loadgen import SERVED_FIELDS, Send
 from course_lib.measure.targets.wire_client import WireClient
 from course_lib.serving.batching.batcher import DynamicBatcher
@@ -204,6 +206,7 @@ def wire_target(
     fields: Iterable[str] = (),
     max_connections: int = 512,
     open_connections: int = 0,
+    open_timeout_s: float = 5.0,
 ) -> Callable[[], AbstractAsyncContextManager[Send]]:
     """Factory (async context manager) yielding ``send(i)``: POST ``payloads[i % n]`` as JSON with
     :class:`course_lib.measure.targets.wire_client.WireClient`. Same contract as :func:`aiohttp_target`.
@@ -212,16 +215,19 @@ def wire_target(
     parsed), so it leaves out the event-loop turns that aiohttp's answer takes to reach its task: the
     like-for-like figure beside k6's ``http_req_duration``. Each payload is encoded once, up front.
     ``open_connections`` keep-alive connections are opened on entering, before ``send`` is yielded
-    (no request sent: ``WireClient.open_connections``), so that a timed run does not pay their handshakes.
+    (no request sent: ``WireClient.open_connections``), so that a timed run does not pay their handshakes;
+    best effort: those not open within ``open_timeout_s``, or refused, are made by the requests instead.
 
     Raises
     ------
     ValueError
-        If ``payloads`` is empty, ``url`` is not ``http://...``, ``max_connections`` < 1 or
-        ``open_connections`` < 0.
+        If ``payloads`` is empty, ``url`` is not ``http://...``, ``max_connections`` < 1,
+        ``open_connections`` outside 0..``max_connections`` or ``open_timeout_s`` not > 0.
     """
     non_empty("payloads", payloads)
-    integer("open_connections", open_connections, min=0)
+    integer("max_connections", max_connections, min=1)
+    integer("open_connections", open_connections, min=0, max=max_connections)
+    positive_number("open_timeout_s", open_timeout_s)
     names = _field_names(fields)
     wire = WIRE_FIELD in names
     answer_names = tuple(n for n in names if n != WIRE_FIELD)
@@ -231,7 +237,9 @@ def wire_target(
     async def factory():
         async with WireClient(url, max_connections=max_connections) as client:
             requests = [client.request_bytes(p) for p in payloads]
-            await client.open_connections(open_connections)
+            if open_connections:  # best effort, bounded: a run must not wait on a server that never accepts
+                with contextlib.suppress(TimeoutError, ConnectionError):
+                    await asyncio.wait_for(client.open_connections(open_connections), open_timeout_s)
 
             async def send(i: int) -> dict[str, Any]:
                 answer = await client.post(request=requests[i % len(requests)])

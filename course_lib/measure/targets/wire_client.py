@@ -193,6 +193,7 @@ class WireClient:
         self._idle: deque[_Connection] = deque()
         self._slots: asyncio.Semaphore | None = None
         self._all: set[_Connection] = set()
+        self._warming: asyncio.Event | None = None  # set while open_connections opens
         self._state = "new"
 
     def request_bytes(self, payload: Any) -> bytes:
@@ -234,28 +235,57 @@ class WireClient:
         """Open connections (no request sent) until ``n`` idle ones wait in the pool; return how many do.
 
         A run that should not pay TCP handshakes opens them first; sending warm-up requests instead
-        would leave a slow server working on them when the run starts. At most ``max_connections``.
+        would leave a slow server working on them when the run starts. The connections are opened
+        together; a ``post`` called meanwhile waits for them. Closed idle connections are dropped first.
+        Bound it with ``asyncio.wait_for``: a server that never accepts leaves a connect waiting until
+        the kernel gives up.
 
         Raises
         ------
         InvalidArgumentError
-            For ``n`` < 0. ConnectionError and RuntimeError as ``post``.
+            For ``n`` < 0 or above ``max_connections``.
+        RuntimeError
+            Outside the ``async with`` block, while a request is in flight or while another call opens.
+        ConnectionError
+            If a connection could not be made (those that were made stay in the pool).
         """
-        want = min(integer("n", n, min=0), self.max_connections)
+        want = integer("n", n, min=0, max=self.max_connections)
         if self._slots is None or self._state != "open":
             raise RuntimeError("use WireClient inside `async with WireClient(url) as client:`")
+        if self._warming is not None or len(self._all) > len(self._idle):
+            raise RuntimeError(
+                "open_connections runs while no request is in flight and no other call is opening"
+            )
+        for conn in [c for c in self._idle if c.closed]:
+            self._all.discard(conn)
         self._idle = deque(c for c in self._idle if not c.closed)
+        missing = want - len(self._idle)
+        if missing <= 0:
+            return len(self._idle)
         loop = asyncio.get_running_loop()
-        while len(self._idle) < want and len(self._all) < self.max_connections:
+        self._warming = warming = asyncio.Event()
+
+        async def one() -> None:
             try:
                 _, conn = await loop.create_connection(_Connection, self.host, self.port)
             except OSError as exc:
                 raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
-            if self._state != "open":
+            if self._state != "open":  # the block was left while this connection was being made
                 conn.abort()
-                raise RuntimeError("the WireClient closed while its connections were being opened")
+                return
             self._all.add(conn)
             self._idle.append(conn)
+
+        try:
+            results = await asyncio.gather(*(one() for _ in range(missing)), return_exceptions=True)
+        finally:
+            self._warming = None
+            warming.set()
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        if self._state != "open":
+            raise RuntimeError("the WireClient closed while its connections were being opened")
         return len(self._idle)
 
     async def post(self, payload: Any = None, *, request: bytes | None = None) -> WireAnswer:
@@ -263,6 +293,8 @@ class WireClient:
         if self._slots is None or self._state != "open":
             raise RuntimeError("use WireClient inside `async with WireClient(url) as client:`")
         data = self.request_bytes(payload) if request is None else request
+        if self._warming is not None:  # open_connections is opening: use its connections, not new ones
+            await self._warming.wait()
         async with self._slots:
             conn = await self._connection()
             done = False

@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
-from course_lib.core.checks import integer, positive_number
+from course_lib.core.checks import integer, non_empty, number, one_of, positive_number
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.waterfall._k6 import run_k6
@@ -137,12 +137,13 @@ def client_cpu_table(
     Raises
     ------
     InvalidArgumentError
-        For ``repeats`` < 1 or a rate or duration that is not > 0. RuntimeError as
-        :func:`k6_cpu_s_per_request`.
+        For ``repeats`` < 1, no rates or ids, a rate that is not > 0 or a duration below 1 s (k6's
+        shortest run). RuntimeError as :func:`k6_cpu_s_per_request`.
     """
     integer("repeats", repeats, min=1)
-    positive_number("duration_s", duration_s)
-    for rate in rates_rps:
+    number("duration_s", duration_s, min=1, unit="s (k6's shortest run is 1 s)")
+    non_empty("ids", ids)
+    for rate in non_empty("rates_rps", rates_rps):
         positive_number("rates_rps", rate)
     payloads = [{"customer_id": c} for c in ids]
     rows = []
@@ -184,12 +185,13 @@ class ClientCpuRecord:
         ValueError
             If the record has no row for that tool (and rate).
         """
+        one_of("column", column, ["cpu_us_per_request", "spin_us_per_request"])
         rows = self.rows[self.rows["tool"] == tool]
         if rate_rps is not None:
             rows = rows[rows["rate_rps"] == float(rate_rps)]
         if rows.empty:
             raise ValueError(f"no row for tool {tool!r} at rate {rate_rps!r} in {self.path.name}; "
-                             f"tools {sorted(self.rows['tool'].unique())}, rates {sorted(self.rows['rate_rps'].unique())}")  # fmt: skip
+                             f"tools {sorted(map(str, self.rows['tool'].unique()))}, rates {sorted(map(float, self.rows['rate_rps'].unique()))}")  # fmt: skip
         return float(rows[column].median())
 
     def provenance(self) -> str:
@@ -210,10 +212,15 @@ def load_client_cpu(path: str | Path = RECORDED_CLIENT_CPU) -> ClientCpuRecord:
     Raises
     ------
     FileNotFoundError
-        If there is no file. ValueError if it is another kind of record.
+        If there is no file. ValueError if it is another kind of record or its rows lack a column.
     """
     file = Path(path)
     payload = read_measurement(file, _SCHEMA, what="client CPU record",
                                how_to_make="run python benchmarks/client_cpu.py --out data/measurements/client_cpu.json")  # fmt: skip
-    rows = pd.DataFrame(payload.pop("rows"))
+    rows = pd.DataFrame(payload.pop("rows", []))
+    missing = {"tool", "rate_rps", "repeat", "cpu_us_per_request", "spin_us_per_request", "cores"} - set(
+        rows.columns
+    )
+    if missing:
+        raise ValueError(f"{file} holds no client CPU rows with columns {sorted(missing)}")
     return ClientCpuRecord(rows=rows, meta=payload, path=file)
