@@ -64,11 +64,11 @@ def test_replica_is_not_ready_before_its_warm_up_finished(replica_files):
         replica.stop()
     assert seen[0][0] == 503, "the first readiness probe came after the warm-up: raise n"
     for status, done, served in seen:
-        assert (status == 200) == (done == n)
-        if status == 200:
-            assert served == n  # every warm-up request was served before ready
-        else:
-            assert done < n
+        if status == 200:  # ready only once every warm-up request was served
+            assert done == n and served == n
+        else:  # not ready while it runs, nor in the instant after its last request (or its GC freeze)
+            assert done <= n
+    assert seen[-1][0] == 200 and any(done < n for _, done, _ in seen)
 
 
 def test_replica_stops_by_itself_after_its_lifetime(replica_files):
