@@ -8,7 +8,7 @@ in-process ceiling is read from ``Server-Timing``, a short pre-scan finds where 
 the ladder (four rungs per doubling) is climbed ``--repeats`` times with the steps taking turns at every
 rung, each rung holding at least ``--min-requests`` requests (1,000 resolve a p99), a missed rung tried
 once more. With ``--k6`` the production step is also climbed by k6 (``loadtests/churn.js``) beside the
-course generator at the same rates. Nothing is asserted; the table prints every knee, its range over the
+course generator at the same rates, the two taking turns, ``--repeats`` times, a missed rate tried once more. Nothing is asserted; the table prints every knee, its range over the
 repeats, its ratio to its base with the interval, and the verdict (gain / loss / not resolved).
 
 Run: ``python benchmarks/service_waterfall.py --k6 --out data/measurements/service_waterfall.json``
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             print(run.tools.round(2))
             a = tool_agreement(run.tools)
             print(
-                f"k6 beside the course generator: knees {a['knee_rps']} (ratio {a['knee_ratio']:.2f}, "
+                f"k6 beside the course generator, {a['repeats']} repeats: median knees {a['knee_rps']}, ranges "
+                f"{a['knee_range_rps']} (ratio {a['knee_ratio']:.2f}, "
                 f"{'agree' if a['knee_agrees'] else 'do not agree'} within {AGREEMENT_TOLERANCE:.0%}); "
                 f"p50 on the wire (write to read), course generator / k6, furthest from 1: {a['worst_p50_ratio']:.2f} "
                 f"({'agree' if a['p50_agrees'] else 'do not agree'} at every rate both met)"

@@ -5,8 +5,10 @@
   ``lever_verdict``), ``floor_model``;
 * ``_record``: ``save_waterfall`` / ``load_waterfall`` (``data/measurements/service_waterfall.json``);
 * ``_bench``: ``WATERFALL`` (the steps), ``SERVERS``, ``run_waterfall`` (servers, ``Server-Timing``
-  ceilings, knees, a like-for-like p99), ``tool_comparison`` (k6 beside the course generator);
+  ceilings, knees, a like-for-like p99);
 * ``_k6``: ``run_k6``, Grafana k6 on ``loadtests/churn.js`` in a bounded subprocess, and its summary;
+* ``_tools``: ``tool_comparison`` (k6 beside the course generator, taking turns, repeated) and
+  ``tool_agreement`` (their knees and p50s);
 * ``_client_cpu``: each load tool's CPU per request (k6 and the course generator, open loop at the same
   rate), ``save_client_cpu`` / ``load_client_cpu`` (``data/measurements/client_cpu.json``);
 * ``_peers``: ``PEERS`` (BentoML, LitServe, granian on the same work) and ``save_peers`` / ``load_peers``.
@@ -26,7 +28,6 @@ from course_lib.measure.waterfall._bench import (
     WaterfallRun,
     in_process_ceiling,
     run_waterfall,
-    tool_comparison,
 )
 from course_lib.measure.waterfall._client_cpu import (
     LOAD_TOOLS,
@@ -52,14 +53,13 @@ from course_lib.measure.waterfall._climb import (
     start_rungs,
 )
 from course_lib.measure.waterfall._k6 import (
-    AGREEMENT_TOLERANCE,
     K6_SCRIPT,
+    MEASURED_SCENARIO,
     K6Result,
     k6_binary,
     k6_version,
     parse_k6_summary,
     run_k6,
-    tool_agreement,
 )
 from course_lib.measure.waterfall._peers import (
     PEERS,
@@ -77,6 +77,12 @@ from course_lib.measure.waterfall._record import (
     load_waterfall,
     save_waterfall,
 )
+from course_lib.measure.waterfall._tools import (
+    AGREEMENT_TOLERANCE,
+    TOOLS,
+    tool_agreement,
+    tool_comparison,
+)
 
 __all__ = [
     "AGREEMENT_TOLERANCE",
@@ -84,6 +90,7 @@ __all__ = [
     "K6_SCRIPT",
     "LADDER_RATIO",
     "LOAD_TOOLS",
+    "MEASURED_SCENARIO",
     "MIN_REQUESTS_P99",
     "PEERS",
     "PEERS_VENV",
@@ -93,6 +100,7 @@ __all__ = [
     "RECORDED_PEERS",
     "RECORDED_WATERFALL",
     "SERVERS",
+    "TOOLS",
     "WATERFALL",
     "ClientCpuRecord",
     "K6Result",

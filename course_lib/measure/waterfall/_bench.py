@@ -29,11 +29,9 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core.checks import integer, positive_number
-from course_lib.core.percentiles import percentile
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
 from course_lib.measure.knee import step_row
 from course_lib.measure.load_server import serve_churn, wait_idle
-from course_lib.measure.targets import WIRE_FIELD
 from course_lib.measure.waterfall._climb import (
     MIN_REQUESTS_P99,
     WaterfallStep,
@@ -44,7 +42,7 @@ from course_lib.measure.waterfall._climb import (
     rung_duration_s,
     start_rungs,
 )
-from course_lib.measure.waterfall._k6 import run_k6
+from course_lib.measure.waterfall._tools import tool_comparison
 from course_lib.serving.feature_store import FeatureStore
 from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
 from course_lib.serving.profiling import parse_server_timing
@@ -160,72 +158,6 @@ class WaterfallRun:
     server_stats: dict[str, Any] = field(default_factory=dict)
     stages_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     same_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-
-def tool_comparison(
-    pool: GeneratorPool,
-    url: str,
-    ids: Sequence[str],
-    ladder_rps: Sequence[float],
-    *,
-    p99_limit_ms: float,
-    min_requests: int = MIN_REQUESTS_P99,
-    settle: Callable[[], object] | None = None,
-    max_vus: int = 400,
-    pre_allocated_vus: int = 200,
-) -> pd.DataFrame:
-    """The course generator and k6 taking turns at each rate on ``url``, until both missed the SLO.
-
-    Returns
-    -------
-    DataFrame with ``tool``, ``rate_rps``, ``sent``, ``achieved_rps``, ``p50_ms``, ``p99_ms`` (each tool
-    on its own definition: the course generator from the intended send time, k6 from the actual send,
-    see ``course_lib.measure.waterfall._k6``), ``p50_from_send_ms`` (both from the actual send: the
-    course generator's latency minus its send lag, request by request; it still holds the client's work
-    before the write and after the read), ``p50_wire_ms`` (both from the request's write to its answer's
-    read: k6's ``http_req_duration``, the course generator's ``wire_ms``; the like-for-like one), ``errors`` (share), ``dropped`` (k6's ``dropped_iterations``; the course generator sends every request, late if
-    need be, so 0), ``lag_p99_ms`` (course generator) and ``met`` (SLO met, generator on schedule or
-    nothing dropped for k6).
-    """
-    payloads = [{"customer_id": c} for c in ids]
-    rows, alive = [], {"course generator", "k6"}
-    for rate in sorted(float(r) for r in ladder_rps):
-        duration = rung_duration_s(rate, min_requests=min_requests)
-        for tool in ("course generator", "k6"):
-            if tool not in alive:
-                continue
-            if settle is not None:
-                settle()
-            if tool == "k6":
-                r = run_k6(
-                    url,
-                    rate_rps=rate,
-                    duration_s=duration,
-                    ids=ids,
-                    pre_allocated_vus=pre_allocated_vus,
-                    max_vus=max_vus,
-                )
-                row = {"sent": r.requests, "achieved_rps": r.achieved_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
-                       "p50_from_send_ms": r.p50_ms, "p50_wire_ms": r.p50_ms, "errors": r.failed_rate,
-                       "dropped": r.dropped_iterations, "lag_p99_ms": math.nan, "met": r.met_slo(p99_limit_ms)}  # fmt: skip
-            else:
-                result = pool.run(
-                    url, payloads, rate_rps=rate, duration_s=duration, seed=int(rate), fields=(WIRE_FIELD,)
-                )
-                s = step_row(result, p99_limit_ms=p99_limit_ms)
-                ok = result.requests[result.requests["ok"]]
-                from_send = (ok["latency_ms"] - ok["lag_ms"]).to_numpy()
-                row = {"sent": s["sent"], "achieved_rps": s["achieved_rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"],
-                       "p50_from_send_ms": percentile(from_send, 50) if len(from_send) else math.nan,
-                       "p50_wire_ms": percentile(ok[WIRE_FIELD].to_numpy(), 50) if len(ok) else math.nan,
-                       "errors": s["error_rate"], "dropped": 0, "lag_p99_ms": s["lag_p99_ms"],
-                       "met": bool(s["met_slo"])}  # fmt: skip
-            rows.append({"tool": tool, "rate_rps": rate, **row})
-            if not row["met"]:
-                alive.discard(tool)
-        if not alive:
-            break
-    return pd.DataFrame(rows)
 
 
 def _start_rungs(prescan: pd.DataFrame, ladder: Sequence[float], back: int) -> dict[str, float]:
@@ -354,7 +286,8 @@ def run_waterfall(
             s = by_name[k6_step]
             tools = tool_comparison(
                 pool, urls[s.server] + s.path, ids, ladder[max(0, bisect.bisect_left(ladder, start_rps[k6_step]) - 3) :],
-                p99_limit_ms=limit, min_requests=min_requests, settle=lambda: settle(k6_step),
+                p99_limit_ms=limit, min_requests=min_requests, repeats=n_repeats, settle=lambda: settle(k6_step),
+                on_row=None if on_row is None else lambda row: on_row({**row, "step": f"{k6_step} ({row['tool']})"}),
             )  # fmt: skip
     table = lever_table(steps, found)
     for name, c in ceilings.items():

@@ -17,10 +17,18 @@ Where k6 and the course generator differ, by construction:
 * k6's percentiles interpolate between the two nearest samples (its trend sink); the course uses
   nearest rank.
 
+Where they are made alike: each of k6's pre-allocated virtual users sends one request in a warm-up
+scenario (``warm_s``) before the measured one, so it opens its keep-alive connection before the run, as
+the course generator opens its connections before its start (``GeneratorPool.run``'s
+``warm_connections``); the summary's figures are the measured scenario's (``{scenario:churn}``
+submetrics), the warm-up left out.
+
 References
 ----------
 k6 documentation: "Constant arrival rate", "Dropped iterations", "Custom summary" (``handleSummary``),
-"Built-in metrics" (``http_req_duration``: sending + waiting + receiving). Linux ``prctl(2)``.
+"Built-in metrics" (``http_req_duration``: sending + waiting + receiving), "Scenarios" (``startTime``;
+VUs are reused by scenarios that do not overlap), "Thresholds" (a submetric such as
+``http_req_duration{scenario:churn}`` is exported only when a threshold names it). Linux ``prctl(2)``.
 """
 
 from __future__ import annotations
@@ -35,9 +43,6 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
 
 from course_lib.core import checks
 from course_lib.core._guard import guard_command
@@ -112,15 +117,31 @@ class K6Result:
         )
 
 
+#: The tag of the measured scenario's submetrics in ``loadtests/churn.js``'s summary.
+MEASURED_SCENARIO = "{scenario:churn}"
+
+
 def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6Result:
     """A :class:`K6Result` from the JSON ``handleSummary`` receives (``data.metrics``).
+
+    Where the summary holds the measured scenario's submetrics (``http_req_duration{scenario:churn}``
+    and the like, :data:`MEASURED_SCENARIO`), they are read instead of the metrics over the whole test (which
+    count the warm-up too), and ``achieved_rps`` is that scenario's requests / ``duration_s``. A
+    summary without them (a script with one scenario) is read from the plain metrics.
 
     Raises
     ------
     ValueError
         If the summary has no ``http_req_duration`` trend (no request was sent).
     """
-    metrics = summary.get("metrics", {})
+    all_metrics = summary.get("metrics", {})
+    measured = "http_req_duration" + MEASURED_SCENARIO in all_metrics
+    # The measured scenario's submetric where the script exports it (loadtests/churn.js), else the metric.
+    metrics = {
+        name: all_metrics.get(name + MEASURED_SCENARIO, all_metrics[name]) if measured else all_metrics[name]
+        for name in all_metrics
+        if "{" not in name
+    }
     trend = metrics.get("http_req_duration", {}).get("values")
     if not trend:
         raise ValueError("the k6 summary has no http_req_duration: no request was sent")
@@ -128,14 +149,17 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
     def value(name: str, key: str, default: float = 0.0) -> float:
         return float(metrics.get(name, {}).get("values", {}).get(key, default))
 
+    requests = int(value("http_reqs", "count"))
     return K6Result(
         rate_rps=float(rate_rps),
         duration_s=float(duration_s),
-        requests=int(value("http_reqs", "count")),
+        requests=requests,
         iterations=int(value("iterations", "count")),
         dropped_iterations=int(value("dropped_iterations", "count")),
         failed_rate=value("http_req_failed", "rate"),
-        achieved_rps=value("http_reqs", "rate"),
+        # k6's own rate divides by the whole test's time, warm-up included: the measured scenario's is its count
+        # over its duration.
+        achieved_rps=requests / float(duration_s) if measured else value("http_reqs", "rate"),
         p50_ms=float(trend.get("p(50)", trend.get("med", math.nan))),
         p90_ms=float(trend.get("p(90)", math.nan)),
         p95_ms=float(trend.get("p(95)", math.nan)),
@@ -147,8 +171,12 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
 
 
 def _seconds(value: float) -> str:
-    """A k6 duration in seconds without an exponent (k6 cannot parse ``2e+06s``), to the millisecond."""
-    return f"{value:.3f}".rstrip("0").rstrip(".") + "s"
+    """A k6 duration in seconds without an exponent (k6 cannot parse ``2e+06s``), to the millisecond.
+
+    >>> _seconds(2.5), _seconds(2e6), _seconds(0)
+    ('2.5s', '2000000s', '0s')
+    """
+    return (f"{value:.3f}".rstrip("0").rstrip(".") or "0") + "s"
 
 
 def _k6_rate(rate_rps: float) -> dict[str, str]:
@@ -172,6 +200,7 @@ def run_k6(
     pre_allocated_vus: int = 50,
     max_vus: int = 200,
     request_timeout_s: float = 2.0,
+    warm_s: float = 1.0,
     grace_s: float = 20.0,
     script: str | Path = K6_SCRIPT,
     log_dir: str | Path | None = None,
@@ -190,8 +219,13 @@ def run_k6(
         k6's virtual users: started up front, and at most (``dropped_iterations`` beyond that).
     request_timeout_s : float >= 0.001
         k6's per-request timeout (a timeout counts as failed).
+    warm_s : float >= 0
+        Before the measured run, each of the ``pre_allocated_vus`` virtual users sends one request to open
+        its connection, for at most this long; the measured run starts after it (``WARM`` in
+        ``loadtests/churn.js``; 0 leaves the warm-up out, and then up to ``pre_allocated_vus`` connects
+        fall inside the measured run).
     grace_s : float > 0
-        k6 is killed if it runs this long past ``duration_s`` (start-up and its graceful stop included).
+        k6 is killed if it runs this long past ``warm_s + duration_s`` (start-up and its graceful stop included).
     log_dir : folder for the summary and k6's output; default a temporary folder removed afterwards.
 
     Raises
@@ -211,6 +245,7 @@ def run_k6(
     integer("pre_allocated_vus", pre_allocated_vus, min=1)
     integer("max_vus", max_vus, min=int(pre_allocated_vus))
     timeout = number("request_timeout_s", request_timeout_s, min=0.001, unit="s")
+    warm = number("warm_s", warm_s, min=0, unit="s")
     positive_number("grace_s", grace_s)
     customers: list[object] | tuple[object, ...] = instance_of("ids", non_empty("ids", ids), (list, tuple))
     for customer in customers:
@@ -230,6 +265,7 @@ def run_k6(
             "PRE_VUS": str(int(pre_allocated_vus)),
             "MAX_VUS": str(int(max_vus)),
             "TIMEOUT": _seconds(timeout),
+            "WARM": _seconds(warm),
         }
         # k6's logs go to its stdout, the log file; whatever the guard says goes to the child's log.
         cmd = [str(k6_binary()), "run", "--quiet", "--no-usage-report", "--log-output=stdout"]
@@ -240,7 +276,7 @@ def run_k6(
             child = start_child(guard_command(cmd), name="k6", env={"K6_NO_USAGE_REPORT": "true"}, stdout=log)
             with child:  # leaving it stops the guard and k6 (their process group), whatever happened
                 try:
-                    code: int | None = child.popen.wait(timeout=duration + grace_s)
+                    code: int | None = child.popen.wait(timeout=warm + duration + grace_s)
                 except subprocess.TimeoutExpired:
                     code = None
                 guard_said = child.tail()
@@ -252,76 +288,3 @@ def run_k6(
         return parse_k6_summary(
             json.loads(summary_file.read_text(encoding="utf-8")), rate_rps=rate, duration_s=duration
         )
-
-
-#: How far apart k6 and the course generator may be and still agree (issue 24: "within 20 %").
-AGREEMENT_TOLERANCE = 0.2
-
-
-def tool_agreement(
-    tools: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE, p50_column: str = "p50_wire_ms"
-) -> dict[str, Any]:
-    """Whether k6 and the course generator agree on one service: its knee, and its p50 at the same rates.
-
-    Parameters
-    ----------
-    tools : DataFrame
-        ``tool_comparison``'s table (``tool``, ``rate_rps``, ``met`` and ``p50_column``).
-    tolerance : float in (0, 1)
-        Largest relative difference that still agrees: ``|ratio - 1| <= tolerance``.
-    p50_column : str
-        The p50s compared: ``"p50_wire_ms"`` (default: both tools time the request from its write to its
-        answer's read) or ``"p50_from_send_ms"`` (the course generator's span then also holds its client
-        work before the write and after the read; records made before ``p50_wire_ms`` existed).
-
-    Returns
-    -------
-    dict
-        ``knee_rps`` (tool -> highest rate met, every lower rate met too; 0.0 if its first missed),
-        ``knee_ratio`` (course generator / k6), ``p50_ratios`` (rate -> course generator's p50 / k6's,
-        ``p50_column``, at every rate both met), ``worst_p50_ratio`` (the one furthest
-        from 1), and ``knee_agrees``, ``p50_agrees`` (within ``tolerance``).
-
-    Raises
-    ------
-    InvalidArgumentError
-        For a tolerance outside (0, 1). ValueError if a column is missing or a tool has no row.
-
-    Examples
-    --------
-    >>> t = pd.DataFrame({"tool": ["course generator", "k6"] * 2, "rate_rps": [100.0, 100.0, 200.0, 200.0],
-    ...                   "met": [True, True, False, True], "p50_wire_ms": [1.1, 1.0, 9.0, 2.0]})
-    >>> a = tool_agreement(t)
-    >>> a["knee_rps"], a["knee_ratio"], a["p50_agrees"]
-    ({'course generator': 100.0, 'k6': 200.0}, 0.5, True)
-    """
-    tol = positive_number("tolerance", tolerance)
-    if tol >= 1:
-        raise checks.InvalidArgumentError(f"tolerance must be below 1, got {tolerance!r}")
-    missing = {"tool", "rate_rps", "met", p50_column} - set(tools.columns)
-    if missing:
-        raise ValueError(f"tools is missing columns {sorted(missing)}")
-    knee = {}
-    for tool in ("course generator", "k6"):
-        rows = tools[tools["tool"] == tool].sort_values("rate_rps")
-        if rows.empty:
-            raise ValueError(f"tools has no row for {tool!r}")
-        met = rows["met"].astype(bool).to_numpy()
-        n_met = int(met.argmin()) if not met.all() else len(met)
-        knee[tool] = float(rows["rate_rps"].iloc[n_met - 1]) if n_met else 0.0
-    both = tools[tools["met"].astype(bool)].pivot_table(
-        index="rate_rps", columns="tool", values=p50_column, aggfunc="first"
-    )
-    both = both.dropna() if {"course generator", "k6"} <= set(both.columns) else both.iloc[0:0]
-    ratio = both["course generator"] / both["k6"] if len(both) else pd.Series(dtype=float)
-    ratios = dict(zip(ratio.index.astype(float).tolist(), ratio.astype(float).tolist(), strict=True))
-    worst = max(ratios.values(), key=lambda r: abs(r - 1), default=math.nan)
-    knee_ratio = knee["course generator"] / knee["k6"] if knee["k6"] > 0 else math.nan
-    return {
-        "knee_rps": knee,
-        "knee_ratio": knee_ratio,
-        "p50_ratios": ratios,
-        "worst_p50_ratio": worst,
-        "knee_agrees": bool(abs(knee_ratio - 1) <= tol),
-        "p50_agrees": bool(ratios) and abs(worst - 1) <= tol,
-    }
