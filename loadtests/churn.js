@@ -3,6 +3,9 @@
 //   k6 run -e URL=http://127.0.0.1:8000/score -e RATE=200 -e DURATION=5s -e IDS_FILE=ids.json \
 //          -e SUMMARY_FILE=summary.json loadtests/churn.js
 //
+// By hand, URL and RATE are enough: without IDS_FILE the ids are the default store's first 1,000 customers
+// (SC-0000001 to SC-0001000), and without SUMMARY_FILE a few lines of the measured scenario's figures are
+// printed instead of the summary being written as JSON.
 // The `constant-arrival-rate` scenario `churn` starts RATE iterations per TIME_UNIT (default 1s) whatever the
 // service does (open loop), each one POST of {"customer_id": ...} drawn round-robin from IDS_FILE (a JSON list
 // of ids, the same ones the course generator sends). When every pre-allocated virtual user (VU) is busy and
@@ -24,7 +27,9 @@ import exec from 'k6/execution';
 const URL = __ENV.URL;
 const RATE = Number(__ENV.RATE || '10');
 const TIME_UNIT = __ENV.TIME_UNIT || '1s'; // RATE iterations per TIME_UNIT: k6 wants a whole number of them
-const IDS = JSON.parse(open(__ENV.IDS_FILE));
+const IDS = __ENV.IDS_FILE
+  ? JSON.parse(open(__ENV.IDS_FILE))
+  : Array.from({ length: 1000 }, (_, i) => `SC-${String(i + 1).padStart(7, '0')}`);
 const BODIES = IDS.map((id) => JSON.stringify({ customer_id: id }));
 const PARAMS = { headers: { 'Content-Type': 'application/json' }, timeout: __ENV.TIMEOUT || '2s' };
 const PRE_VUS = Number(__ENV.PRE_VUS || '50');
@@ -71,5 +76,16 @@ export default function () {
 }
 
 export function handleSummary(data) {
-  return { [__ENV.SUMMARY_FILE]: JSON.stringify(data) };
+  if (__ENV.SUMMARY_FILE) {
+    return { [__ENV.SUMMARY_FILE]: JSON.stringify(data) };
+  }
+  const values = (name) => (data.metrics[`${name}{scenario:churn}`] || data.metrics[name] || { values: {} }).values;
+  const ms = (key) => (values('http_req_duration')[key] === undefined ? 'n/a' : values('http_req_duration')[key].toFixed(2));
+  const dropped = data.metrics.dropped_iterations ? data.metrics.dropped_iterations.values.count : 0;
+  const lines = [
+    `churn scenario at ${RATE} per ${TIME_UNIT}: ${values('http_reqs').count || 0} requests, ` +
+      `${((values('http_req_failed').rate || 0) * 100).toFixed(2)} % failed, ${dropped} iterations dropped`,
+    `http_req_duration ms: p50 ${ms('p(50)')}, p90 ${ms('p(90)')}, p99 ${ms('p(99)')}, max ${ms('max')}`,
+  ];
+  return { stdout: lines.join('\n') + '\n' };
 }

@@ -461,3 +461,20 @@ def test_k6_opens_its_connections_in_the_warm_up_not_in_the_measured_run(tmp_pat
         connecting(tmp_path / "warm")["max"] == 0
     )  # every request of the measured run found its connection open
     assert connecting(tmp_path / "cold")["max"] > 0  # without the warm-up, the first requests connect
+
+
+def test_k6_script_runs_by_hand_with_only_url_and_rate():
+    """Lesson 12's 'try it yourself': without IDS_FILE or SUMMARY_FILE it sends the store's first ids and prints."""
+    import subprocess
+
+    from course_lib.measure.generators import serve_null
+    from course_lib.measure.waterfall import K6_SCRIPT, k6_binary
+
+    with serve_null(lifetime_s=60) as url:
+        out = subprocess.run(
+            [str(k6_binary()), "run", "--quiet", "--no-usage-report", "-e", f"URL={url}/score", "-e", "RATE=50",
+             "-e", "DURATION=1s", str(K6_SCRIPT)],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+    assert "churn scenario at 50 per 1s: 5" in out.stdout  # 50 or 51 requests
+    assert "0.00 % failed, 0 iterations dropped" in out.stdout and "p99" in out.stdout
