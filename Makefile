@@ -153,6 +153,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/batching.py
 	$(BIN)/python benchmarks/generator_limit.py
 	$(BIN)/python benchmarks/client_cpu.py
+	$(BIN)/python benchmarks/tool_wire_p50.py
 	$(BIN)/python benchmarks/service_waterfall.py
 	$(BIN)/python benchmarks/batch_scoring.py
 

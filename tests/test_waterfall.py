@@ -478,3 +478,45 @@ def test_k6_script_runs_by_hand_with_only_url_and_rate():
         )  # fmt: skip
     assert "churn scenario at 50 per 1s: 5" in out.stdout  # 50 or 51 requests
     assert "0.00 % failed, 0 iterations dropped" in out.stdout and "p99" in out.stdout
+
+
+def test_spin_table_reads_each_settings_median_p50_ratio_and_its_range(tmp_path):
+    from course_lib.measure.waterfall import load_tool_wire_p50, save_tool_wire_p50, spin_table
+
+    rows = []
+    for spin, gen_ms in ((0.002, (0.7, 0.8, 0.9)), (0.0, (1.0, 1.1, 1.3))):
+        for repeat, ms in enumerate(gen_ms):
+            rows += [
+                {"tool": "course generator", "repeat": repeat, "attempt": 1, "rate_rps": 500.0, "met": True,
+                 "p50_wire_ms": ms, "spin_s": spin},
+                {"tool": "k6", "repeat": repeat, "attempt": 1, "rate_rps": 500.0, "met": True, "p50_wire_ms": 1.0,
+                 "spin_s": spin},
+                {"tool": "k6", "repeat": repeat, "attempt": 1, "rate_rps": 900.0, "met": False, "p50_wire_ms": 9.0,
+                 "spin_s": spin},  # only k6 ran it, and missed: no pair
+            ]  # fmt: skip
+    table = spin_table(pd.DataFrame(rows))
+    assert list(table.index) == [(0.0, 500.0), (0.002, 500.0)]
+    assert table.loc[(0.002, 500.0), ["ratio", "ratio_low", "ratio_high", "pairs"]].tolist() == pytest.approx(
+        [0.8, 0.7, 0.9, 3]
+    )
+    assert (
+        table.loc[(0.0, 500.0), "ratio"] == pytest.approx(1.1) and table.loc[(0.0, 500.0), "k6_p50_ms"] == 1.0
+    )
+    path = save_tool_wire_p50(
+        pd.DataFrame(rows), tmp_path / "t.json", repeats=3, min_requests=1000, server="fake"
+    )
+    record = load_tool_wire_p50(path)
+    assert (
+        record.table().equals(table) and "3 repeats" in record.provenance() and "fake" in record.provenance()
+    )
+    with pytest.raises(ValueError, match="spin_s"):
+        spin_table(pd.DataFrame(rows).drop(columns="spin_s"))
+    with pytest.raises(FileNotFoundError, match=r"tool_wire_p50\.py"):
+        load_tool_wire_p50(tmp_path / "missing.json")
+
+
+def test_generator_pool_refuses_a_negative_spin():
+    from course_lib.measure.generators import GeneratorPool
+
+    with GeneratorPool(1) as pool, pytest.raises(InvalidArgumentError, match="spin_s"):
+        pool.run("http://127.0.0.1:9/score", [{}], rate_rps=10, duration_s=0.1, spin_s=-0.001)

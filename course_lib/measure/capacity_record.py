@@ -167,3 +167,21 @@ def load_http_capacity(path: str | Path = RECORDED_HTTP_CAPACITY) -> HttpCapacit
         payload["usable_cores"],
         file,
     )
+
+
+def read_rows_measurement(
+    path: str | Path, schema: str, *, what: str, how_to_make: str, columns: set[str]
+) -> tuple[pd.DataFrame, dict]:
+    """A record whose ``rows`` are a table: ``(rows, the other fields)``, ``read_measurement`` checked.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        As :func:`read_measurement`; ValueError also if the rows lack one of ``columns``.
+    """
+    payload = read_measurement(path, schema, what=what, how_to_make=how_to_make)
+    rows = pd.DataFrame(payload.pop("rows", []))
+    missing = columns - set(rows.columns)
+    if missing:
+        raise ValueError(f"{path} holds no {what} rows with columns {sorted(missing)}")
+    return rows, payload

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core._process import exit_with_parent
-from course_lib.core.checks import integer, positive_number
+from course_lib.core.checks import integer, number, positive_number
 from course_lib.measure.loadgen import (
     SEND_LAG_BOUND_MS,
     SPIN_WINDOW_S,
@@ -100,7 +100,7 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
             open_timeout_s=spec["request_timeout_s"],
         )  # fmt: skip
         async with target() as send:
-            delay = spec["start_at"] - time.time() - SPIN_WINDOW_S
+            delay = spec["start_at"] - time.time() - spec["spin_s"]
             if delay > 0:
                 await asyncio.sleep(delay)  # coarse timer, then the exact instant (as run_open_loop does)
             while time.time() < spec["start_at"]:
@@ -115,7 +115,7 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
                 seed=spec["seed"],
                 request_timeout_s=spec["request_timeout_s"],
                 schedule_ms=spec["schedule_ms"],
-                spin_s=SPIN_WINDOW_S,  # a process of its own: spinning costs CPU, not another's GIL
+                spin_s=spec["spin_s"],  # a process of its own: spinning costs CPU, not another's GIL
             )
         return result, late_ms, time.process_time() - cpu_start_s
 
@@ -201,6 +201,7 @@ class GeneratorPool:
         schedule_ms: np.ndarray | None = None,
         n_processes: int | None = None,
         warm_connections: int = 8,
+        spin_s: float = SPIN_WINDOW_S,
     ) -> LoadResult:
         """Offer ``rate_rps`` to ``url`` for ``duration_s`` from the processes together; merged result.
 
@@ -216,15 +217,16 @@ class GeneratorPool:
         n_processes : int, optional
             Use only the first n processes (default all).
         warm_connections : int in 0..512
-            Keep-alive connections each process opens before the common start (no request sent on
-            them: warm-up requests would leave a slow server, such as the prototype, working on them
-            and a process late past the start), so that the run pays no TCP handshakes for them; at most
-            ``request_timeout_s`` is spent on them (the rest are made by the requests).
+            Keep-alive connections each process opens before the common start, sending nothing on them
+            (warm-up requests would keep a slow server, such as the prototype, busy and a process late past
+            the start); at most ``request_timeout_s`` is spent on them, and the requests make the rest.
+        spin_s : float >= 0, each process's spin before a send (``run_open_loop``; 0: the loop's timer alone).
         """
         k = self.n_processes if n_processes is None else n_processes
         if not 1 <= k <= self.n_processes:
             raise ValueError(f"n_processes must be in 1..{self.n_processes}, got {n_processes!r}")
         warm_connections = integer("warm_connections", warm_connections, min=0, max=512)  # wire_target's pool
+        spin_s = number("spin_s", spin_s, min=0, unit="s")
         start_at = time.time() + self.start_delay_s  # one instant for every process
         n_requests = int(rate_rps * duration_s * 1.5) + 100
         specs: list[dict[str, Any]] = []
@@ -245,6 +247,7 @@ class GeneratorPool:
                     "start_at": start_at + shift_ms / 1000.0,
                     "shift_ms": shift_ms,
                     "warm_connections": warm_connections,
+                    "spin_s": spin_s,
                 }
             )
         outs = list(self._pool.map(_run_one, specs))

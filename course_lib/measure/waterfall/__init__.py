@@ -9,6 +9,8 @@
 * ``_k6``: ``run_k6``, Grafana k6 on ``loadtests/churn.js`` in a bounded subprocess, and its summary;
 * ``_tools``: ``tool_comparison`` (k6 beside the course generator, taking turns, repeated) and
   ``tool_agreement`` (their knees and p50s);
+* ``_spin``: ``spin_comparison`` / ``spin_table`` (the course generator with and without its spin beside k6,
+  below the knee), ``save_tool_wire_p50`` / ``load_tool_wire_p50`` (``data/measurements/tool_wire_p50.json``);
 * ``_client_cpu``: each load tool's CPU per request (k6 and the course generator, open loop at the same
   rate), ``save_client_cpu`` / ``load_client_cpu`` (``data/measurements/client_cpu.json``);
 * ``_peers``: ``PEERS`` (BentoML, LitServe, granian on the same work) and ``save_peers`` / ``load_peers``.
@@ -77,6 +79,14 @@ from course_lib.measure.waterfall._record import (
     load_waterfall,
     save_waterfall,
 )
+from course_lib.measure.waterfall._spin import (
+    RECORDED_TOOL_WIRE_P50,
+    ToolWireP50Record,
+    load_tool_wire_p50,
+    save_tool_wire_p50,
+    spin_comparison,
+    spin_table,
+)
 from course_lib.measure.waterfall._tools import (
     AGREEMENT_TOLERANCE,
     TOOLS,
@@ -98,6 +108,7 @@ __all__ = [
     "PROTOTYPE_STEP",
     "RECORDED_CLIENT_CPU",
     "RECORDED_PEERS",
+    "RECORDED_TOOL_WIRE_P50",
     "RECORDED_WATERFALL",
     "SERVERS",
     "TOOLS",
@@ -106,6 +117,7 @@ __all__ = [
     "K6Result",
     "PeerSpec",
     "PeersRecord",
+    "ToolWireP50Record",
     "WaterfallRecord",
     "WaterfallRun",
     "WaterfallStep",
@@ -123,6 +135,7 @@ __all__ = [
     "lever_verdict",
     "load_client_cpu",
     "load_peers",
+    "load_tool_wire_p50",
     "load_waterfall",
     "parse_k6_summary",
     "peer_command",
@@ -131,7 +144,10 @@ __all__ = [
     "rung_duration_s",
     "save_client_cpu",
     "save_peers",
+    "save_tool_wire_p50",
     "save_waterfall",
+    "spin_comparison",
+    "spin_table",
     "start_rungs",
     "tool_agreement",
     "tool_comparison",

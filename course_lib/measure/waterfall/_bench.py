@@ -284,11 +284,11 @@ def run_waterfall(
         tools = pd.DataFrame()
         if k6_step is not None:
             s = by_name[k6_step]
-            tools = tool_comparison(
-                pool, urls[s.server] + s.path, ids, ladder[max(0, bisect.bisect_left(ladder, start_rps[k6_step]) - 3) :],
-                p99_limit_ms=limit, min_requests=min_requests, repeats=n_repeats, settle=lambda: settle(k6_step),
-                on_row=None if on_row is None else lambda row: on_row({**row, "step": f"{k6_step} ({row['tool']})"}),
-            )  # fmt: skip
+            rungs = ladder[max(0, bisect.bisect_left(ladder, start_rps[k6_step]) - 3) :]
+            show = None if on_row is None else (lambda row: on_row({**row, "step": f"{k6_step} ({row['tool']})"}))  # fmt: skip
+            tools = tool_comparison(pool, urls[s.server] + s.path, ids, rungs, p99_limit_ms=limit,
+                                    min_requests=min_requests, repeats=n_repeats, settle=lambda: settle(k6_step),
+                                    on_row=show)  # fmt: skip
     table = lever_table(steps, found)
     for name, c in ceilings.items():
         cfg = servers[by_name[name].server]

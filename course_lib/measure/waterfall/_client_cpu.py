@@ -41,7 +41,7 @@ import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
 from course_lib.core.checks import integer, non_empty, number, one_of, positive_number
-from course_lib.measure.capacity_record import read_measurement, write_measurement
+from course_lib.measure.capacity_record import read_rows_measurement, write_measurement
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.waterfall._k6 import run_k6
 
@@ -215,12 +215,9 @@ def load_client_cpu(path: str | Path = RECORDED_CLIENT_CPU) -> ClientCpuRecord:
         If there is no file. ValueError if it is another kind of record or its rows lack a column.
     """
     file = Path(path)
-    payload = read_measurement(file, _SCHEMA, what="client CPU record",
-                               how_to_make="run python benchmarks/client_cpu.py --out data/measurements/client_cpu.json")  # fmt: skip
-    rows = pd.DataFrame(payload.pop("rows", []))
-    missing = {"tool", "rate_rps", "repeat", "cpu_us_per_request", "spin_us_per_request", "cores"} - set(
-        rows.columns
-    )
-    if missing:
-        raise ValueError(f"{file} holds no client CPU rows with columns {sorted(missing)}")
+    rows, payload = read_rows_measurement(
+        file, _SCHEMA, what="client CPU record",
+        how_to_make="run python benchmarks/client_cpu.py --out data/measurements/client_cpu.json",
+        columns={"tool", "rate_rps", "repeat", "cpu_us_per_request", "spin_us_per_request", "cores"},
+    )  # fmt: skip
     return ClientCpuRecord(rows=rows, meta=payload, path=file)

@@ -33,6 +33,7 @@ from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.knee import step_row
+from course_lib.measure.loadgen import SPIN_WINDOW_S
 from course_lib.measure.targets import WIRE_FIELD
 from course_lib.measure.waterfall._climb import MIN_REQUESTS_P99, rung_duration_s
 from course_lib.measure.waterfall._k6 import run_k6
@@ -57,6 +58,7 @@ def tool_comparison(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     max_vus: int = 400,
     pre_allocated_vus: int = 200,
+    spin_s: float = SPIN_WINDOW_S,
 ) -> pd.DataFrame:
     """The course generator and k6 taking turns at each rate on ``url``, ``repeats`` times.
 
@@ -79,6 +81,7 @@ def tool_comparison(
     on_row : callable row -> None, optional
         Progress.
     max_vus, pre_allocated_vus : k6's virtual users (``run_k6``).
+    spin_s : the course generator's spin before each send (``GeneratorPool.run``; 0 sleeps on the timer alone).
 
     Returns
     -------
@@ -114,7 +117,13 @@ def tool_comparison(
                     "p50_from_send_ms": r.p50_ms, "p50_wire_ms": r.p50_ms, "errors": r.failed_rate,
                     "dropped": r.dropped_iterations, "lag_p99_ms": math.nan, "met": r.met_slo(limit)}  # fmt: skip
         result = pool.run(
-            url, payloads, rate_rps=rate, duration_s=duration, seed=int(rate), fields=(WIRE_FIELD,)
+            url,
+            payloads,
+            rate_rps=rate,
+            duration_s=duration,
+            seed=int(rate),
+            fields=(WIRE_FIELD,),
+            spin_s=spin_s,
         )
         s = step_row(result, p99_limit_ms=limit)
         ok = result.requests[result.requests["ok"]]
