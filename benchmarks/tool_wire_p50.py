@@ -4,8 +4,9 @@ Starts the production service (``course_lib.serving.production.PRODUCTION``, its
 127.0.0.1) and runs ``course_lib.measure.waterfall.spin_comparison`` on its ``/score`` at ``--rates``
 (below its knee): the course generator and k6 taking turns at each rate, once with the generator's 2 ms
 spin before each send (``SPIN_WINDOW_S``, as every course measurement runs it) and once without it
-(``spin_s=0``: it sleeps on its loop's timer, as k6's goroutines sleep between iterations), the two
-settings taking turns, ``--repeats`` times. Prints each setting's p50 ratio (course generator / k6, both
+(``spin_s=0``: it sleeps on its loop's timer until the send, as k6's goroutines sleep between
+iterations, and yields only for what an early wake-up leaves), the two settings taking turns, and the
+tool that goes first alternating, ``--repeats`` times. Prints each setting's p50 ratio (course generator / k6, both
 timed from the request's write to its answer's last byte) with its range over the repeats. Nothing is
 asserted. Lesson 6 reads the record.
 
@@ -56,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
             pool, base + "/score", ids, args.rates, p99_limit_ms=args.p99_limit_ms, repeats=args.repeats,
             min_requests=args.min_requests, settle=lambda: wait_idle(base, quick_ms=args.p99_limit_ms, timeout_s=10, strict=False),
         )  # fmt: skip
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(spin_table(rows).round(3))
     if args.out is not None:
         path = save_tool_wire_p50(
             rows, args.out, repeats=args.repeats, min_requests=args.min_requests, p99_limit_ms=args.p99_limit_ms,
@@ -65,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             generator="course_lib.measure.generators, 2 processes (wire client: httptools + uvloop)", k6=k6_version(),
         )  # fmt: skip
         print(f"wrote {path}")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(spin_table(rows).round(3))
     return 0
 
 

@@ -14,12 +14,14 @@
 // request.
 //
 // Before it, the scenario `warm` has each of the PRE_VUS virtual users send one request (for at most WARM,
-// default 1s; WARM=0s leaves it out), so each opens its keep-alive connection before the measured run, as the
-// course generator opens its connections before its start. Without it a short rung pays for up to PRE_VUS
-// connects inside its measured second, a cost the course generator does not pay. k6 reuses the initialised
-// VUs, and their connections, from one scenario to the next when the two do not overlap in time. The summary
-// carries the measured scenario's own figures as submetrics (`http_req_duration{scenario:churn}` and the
-// like): k6 exports a submetric only when a threshold names it, so the thresholds below always pass.
+// default 1s, which is also k6's shortest maxDuration; WARM=0s leaves it out), so each opens its keep-alive
+// connection before the measured run, as the course generator opens connections before its start. Without
+// it a short rung pays for up to PRE_VUS connects inside its measured second. The warm-up's requests are
+// real ones, PRE_VUS at once: against a service slower than PRE_VUS per WARM they are cut off and still
+// queued when the measured run starts. k6 reuses the initialised VUs, and their connections, from one
+// scenario to the next when the two do not overlap in time. The summary carries the measured scenario's own
+// figures as submetrics (`http_req_duration{scenario:churn}` and the like): k6 exports a submetric only when
+// a threshold names it, so the thresholds below always pass.
 // Run by course_lib.measure.waterfall.run_k6 (it reads those submetrics).
 import http from 'k6/http';
 import exec from 'k6/execution';
@@ -34,7 +36,7 @@ const BODIES = IDS.map((id) => JSON.stringify({ customer_id: id }));
 const PARAMS = { headers: { 'Content-Type': 'application/json' }, timeout: __ENV.TIMEOUT || '2s' };
 const PRE_VUS = Number(__ENV.PRE_VUS || '50');
 const WARM = __ENV.WARM || '1s';
-const WARMED = !/^0+(\.0*)?s$/.test(WARM);
+const WARMED = !/^0*\.?0*(ms|s|m|h)?$/.test(WARM); // '0s', '0', '0ms', '0.0s': no warm-up
 
 const churn = {
   executor: 'constant-arrival-rate',

@@ -520,3 +520,62 @@ def test_generator_pool_refuses_a_negative_spin():
 
     with GeneratorPool(1) as pool, pytest.raises(InvalidArgumentError, match="spin_s"):
         pool.run("http://127.0.0.1:9/score", [{}], rate_rps=10, duration_s=0.1, spin_s=-0.001)
+
+
+def test_spin_table_and_verdict_survive_records_without_pairs():
+    """A setting where k6 never met a rate, or only one setting recorded: no crash, and the verdict says so."""
+    from course_lib.measure.waterfall import spin_table, spin_verdict
+
+    rows = [
+        {"tool": "course generator", "repeat": 0, "rate_rps": 500.0, "met": True, "p50_wire_ms": 1.0, "spin_s": 0.0},
+        {"tool": "k6", "repeat": 0, "rate_rps": 500.0, "met": False, "p50_wire_ms": 9.0, "spin_s": 0.0},
+        {"tool": "course generator", "repeat": 0, "rate_rps": 500.0, "met": True, "p50_wire_ms": 0.7, "spin_s": 0.002},
+        {"tool": "k6", "repeat": 0, "rate_rps": 500.0, "met": True, "p50_wire_ms": 1.0, "spin_s": 0.002},
+    ]  # fmt: skip
+    table = spin_table(pd.DataFrame(rows))
+    assert list(table.index) == [(0.002, 500.0)]
+    assert "spin settings [0.002] s only" in spin_verdict(table)
+    assert "spin settings [] s only" in spin_verdict(spin_table(pd.DataFrame(rows[:2])))
+    with pytest.raises(ValueError, match="p50_wire_ms"):
+        spin_table(pd.DataFrame(rows).drop(columns="p50_wire_ms"))
+
+
+def test_tool_agreement_refuses_a_repeat_with_one_tool_only():
+    rows = [{"tool": "course generator", "repeat": 0, "rate_rps": 100.0, "met": True, "p50_wire_ms": 1.0},
+            {"tool": "k6", "repeat": 0, "rate_rps": 100.0, "met": True, "p50_wire_ms": 1.0},
+            {"tool": "course generator", "repeat": 1, "rate_rps": 100.0, "met": True, "p50_wire_ms": 1.0}]  # fmt: skip
+    with pytest.raises(ValueError, match=r"repeats \[1\] with rows of one tool only"):
+        tool_agreement(pd.DataFrame(rows))
+
+
+def test_comparisons_refuse_bad_arguments_before_running_anything():
+    from course_lib.measure.waterfall import run_k6, spin_comparison, tool_comparison
+
+    pool = object()  # never used: every refusal comes first
+    for kwargs, name in (({"spin_s": 1.0}, "spin_s"), ({"spin_s": -0.1}, "spin_s"), ({"order_shift": -1}, "order_shift"),
+                         ({"pre_allocated_vus": 500}, "max_vus"), ({"repeats": 0}, "repeats")):  # fmt: skip
+        with pytest.raises(InvalidArgumentError, match=name):
+            tool_comparison(
+                pool, "http://127.0.0.1:9/score", ["SC-0000001"], [100.0], p99_limit_ms=100, **kwargs
+            )
+    with pytest.raises(InvalidArgumentError, match="ids"):
+        tool_comparison(pool, "http://127.0.0.1:9/score", [], [100.0], p99_limit_ms=100)
+    with pytest.raises(InvalidArgumentError, match="spins_s"):
+        spin_comparison(
+            pool, "http://127.0.0.1:9/score", ["SC-0000001"], [100.0], p99_limit_ms=100, spins_s=(0.0, 0.0)
+        )
+    with pytest.raises(InvalidArgumentError, match=r"warm_s must be 0 \(no warm-up\) or at least 1 s"):
+        run_k6("http://127.0.0.1:9/score", rate_rps=10, duration_s=1.0, ids=["SC-0000001"], warm_s=0.5)
+
+
+def test_parse_k6_summary_gives_nan_percentiles_for_an_empty_run_and_refuses_half_a_scenario():
+    empty = {"count": 0, "p(50)": 0.0, "p(99)": 0.0, "max": 0.0}
+    summary = {"metrics": {"http_req_duration": {"values": {"count": 50, "p(50)": 1.0}},
+                           "http_req_duration{scenario:churn}": {"values": empty},
+                           "http_reqs": {"values": {"count": 50}},
+                           "http_reqs{scenario:churn}": {"values": {"count": 0}}}}  # fmt: skip
+    r = parse_k6_summary(summary, rate_rps=100, duration_s=1)
+    assert r.requests == 0 and math.isnan(r.p50_ms) and math.isnan(r.p99_ms) and not r.met_slo(100.0)
+    del summary["metrics"]["http_reqs{scenario:churn}"]
+    with pytest.raises(ValueError, match=r"http_reqs\{scenario:churn\}"):
+        parse_k6_summary(summary, rate_rps=100, duration_s=1)

@@ -220,13 +220,13 @@ class GeneratorPool:
             Keep-alive connections each process opens before the common start, sending nothing on them
             (warm-up requests would keep a slow server, such as the prototype, busy and a process late past
             the start); at most ``request_timeout_s`` is spent on them, and the requests make the rest.
-        spin_s : float >= 0, each process's spin before a send (``run_open_loop``; 0: the loop's timer alone).
+        spin_s : float in [0, 1), each process's spin before a send (``run_open_loop``; 0: no spin window).
         """
         k = self.n_processes if n_processes is None else n_processes
         if not 1 <= k <= self.n_processes:
             raise ValueError(f"n_processes must be in 1..{self.n_processes}, got {n_processes!r}")
         warm_connections = integer("warm_connections", warm_connections, min=0, max=512)  # wire_target's pool
-        spin_s = number("spin_s", spin_s, min=0, unit="s")
+        spin_s = number("spin_s", spin_s, min=0, max=1, max_open=True, unit="s")
         start_at = time.time() + self.start_delay_s  # one instant for every process
         n_requests = int(rate_rps * duration_s * 1.5) + 100
         specs: list[dict[str, Any]] = []

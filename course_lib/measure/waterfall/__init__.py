@@ -9,7 +9,7 @@
 * ``_k6``: ``run_k6``, Grafana k6 on ``loadtests/churn.js`` in a bounded subprocess, and its summary;
 * ``_tools``: ``tool_comparison`` (k6 beside the course generator, taking turns, repeated) and
   ``tool_agreement`` (their knees and p50s);
-* ``_spin``: ``spin_comparison`` / ``spin_table`` (the course generator with and without its spin beside k6,
+* ``_spin``: ``spin_comparison`` / ``spin_table`` / ``spin_verdict`` (the course generator with and without its spin beside k6,
   below the knee), ``save_tool_wire_p50`` / ``load_tool_wire_p50`` (``data/measurements/tool_wire_p50.json``);
 * ``_client_cpu``: each load tool's CPU per request (k6 and the course generator, open loop at the same
   rate), ``save_client_cpu`` / ``load_client_cpu`` (``data/measurements/client_cpu.json``);
@@ -86,6 +86,7 @@ from course_lib.measure.waterfall._spin import (
     save_tool_wire_p50,
     spin_comparison,
     spin_table,
+    spin_verdict,
 )
 from course_lib.measure.waterfall._tools import (
     AGREEMENT_TOLERANCE,
@@ -148,6 +149,7 @@ __all__ = [
     "save_waterfall",
     "spin_comparison",
     "spin_table",
+    "spin_verdict",
     "start_rungs",
     "tool_agreement",
     "tool_comparison",

@@ -15,13 +15,18 @@ Where k6 and the course generator differ, by construction:
   ``dropped_iterations`` instead of sending it late; the course generator sends every request, late
   if need be, and reports its send lag;
 * k6's percentiles interpolate between the two nearest samples (its trend sink); the course uses
-  nearest rank.
+  nearest rank;
+* k6 starts its iterations evenly spaced; the course generator's arrivals are Poisson (random gaps),
+  which queue more at the same mean rate.
 
 Where they are made alike: each of k6's pre-allocated virtual users sends one request in a warm-up
 scenario (``warm_s``) before the measured one, so it opens its keep-alive connection before the run, as
-the course generator opens its connections before its start (``GeneratorPool.run``'s
-``warm_connections``); the summary's figures are the measured scenario's (``{scenario:churn}``
-submetrics), the warm-up left out.
+the course generator opens some of its connections before its start (``GeneratorPool.run``'s
+``warm_connections``, 8 per process; it makes more during the run when more requests are in flight);
+the summary's figures are the measured scenario's (``{scenario:churn}`` submetrics), the warm-up left
+out. The warm-up's requests are real ones, ``pre_allocated_vus`` of them at once: on a step slower than
+that many per ``warm_s`` (the prototype) they are cut off and still queued when the run starts, so the
+warm-up suits a fast step such as the production service (where the waterfall runs k6).
 
 References
 ----------
@@ -87,7 +92,8 @@ class K6Result:
 
     ``iterations`` were started, ``dropped_iterations`` skipped because no virtual user was free,
     ``requests`` sent, ``failed_rate`` the share answered non-2xx/3xx or not at all (``http_req_failed``),
-    ``achieved_rps`` = requests / test time as k6 counts it; ``iteration_p50_ms`` the median of
+    ``achieved_rps`` = requests / the measured scenario's ``duration_s`` (k6's own rate, over the whole test,
+    for a script without the measured scenario's submetrics); ``iteration_p50_ms`` the median of
     ``iteration_duration``, the whole iteration of the script (its JavaScript, waiting for a connection,
     the request), which ``http_req_duration`` leaves out.
     """
@@ -127,12 +133,14 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
     Where the summary holds the measured scenario's submetrics (``http_req_duration{scenario:churn}``
     and the like, :data:`MEASURED_SCENARIO`), they are read instead of the metrics over the whole test (which
     count the warm-up too), and ``achieved_rps`` is that scenario's requests / ``duration_s``. A
-    summary without them (a script with one scenario) is read from the plain metrics.
+    summary without them (a script with one scenario) is read from the plain metrics. A run that sent no
+    request has NaN percentiles (k6 reports its empty trend as zeros).
 
     Raises
     ------
     ValueError
-        If the summary has no ``http_req_duration`` trend (no request was sent).
+        If the summary has no ``http_req_duration`` trend (no request was sent), or holds the measured
+        scenario's ``http_req_duration`` without its ``http_reqs`` (the counts would include the warm-up).
     """
     all_metrics = summary.get("metrics", {})
     measured = "http_req_duration" + MEASURED_SCENARIO in all_metrics
@@ -142,9 +150,15 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
         for name in all_metrics
         if "{" not in name
     }
+    if measured and "http_reqs" + MEASURED_SCENARIO not in all_metrics:
+        raise ValueError(
+            f"the k6 summary has http_req_duration{MEASURED_SCENARIO} but not http_reqs{MEASURED_SCENARIO}"
+        )
     trend = metrics.get("http_req_duration", {}).get("values")
     if not trend:
         raise ValueError("the k6 summary has no http_req_duration: no request was sent")
+    if not trend.get("count", 1):  # an empty trend: k6 reports zeros
+        trend = {}
 
     def value(name: str, key: str, default: float = 0.0) -> float:
         return float(metrics.get(name, {}).get("values", {}).get(key, default))
@@ -219,11 +233,11 @@ def run_k6(
         k6's virtual users: started up front, and at most (``dropped_iterations`` beyond that).
     request_timeout_s : float >= 0.001
         k6's per-request timeout (a timeout counts as failed).
-    warm_s : float >= 0
+    warm_s : 0, or float >= 1
         Before the measured run, each of the ``pre_allocated_vus`` virtual users sends one request to open
-        its connection, for at most this long; the measured run starts after it (``WARM`` in
-        ``loadtests/churn.js``; 0 leaves the warm-up out, and then up to ``pre_allocated_vus`` connects
-        fall inside the measured run).
+        its connection, for at most this long (k6's shortest ``maxDuration`` is 1 s); the measured run starts
+        after it (``WARM`` in ``loadtests/churn.js``; 0 leaves the warm-up out, and then up to
+        ``pre_allocated_vus`` connects fall inside the measured run).
     grace_s : float > 0
         k6 is killed if it runs this long past ``warm_s + duration_s`` (start-up and its graceful stop included).
     log_dir : folder for the summary and k6's output; default a temporary folder removed afterwards.
@@ -246,6 +260,10 @@ def run_k6(
     integer("max_vus", max_vus, min=int(pre_allocated_vus))
     timeout = number("request_timeout_s", request_timeout_s, min=0.001, unit="s")
     warm = number("warm_s", warm_s, min=0, unit="s")
+    if 0 < warm < 1:
+        raise checks.InvalidArgumentError(
+            f"warm_s must be 0 (no warm-up) or at least 1 s (k6's shortest maxDuration), got {warm_s!r}"
+        )
     positive_number("grace_s", grace_s)
     customers: list[object] | tuple[object, ...] = instance_of("ids", non_empty("ids", ids), (list, tuple))
     for customer in customers:

@@ -5,8 +5,9 @@ course generator's p50 comes out lower than k6's. The generator's processes spin
 loop, ``SPIN_WINDOW_S``) for the last 2 ms before each send, so each is on a CPU, awake, when its answer
 arrives; k6's goroutines sleep between iterations, and waking an idle virtual CPU can take longer than
 the answer. :func:`spin_comparison` runs :func:`tool_comparison` with the spin and without it
-(``spin_s=0``: the generator then sleeps on its loop's timer alone, like k6), the two settings taking
-turns, ``repeats`` times; :func:`spin_table` reads each setting's median p50 ratio (course generator /
+(``spin_s=0``: no spin window; the generator sleeps on its loop's timer until the send and yields to the
+loop only for what remains when the timer wakes it early), the two settings taking turns, ``repeats``
+times, and the tool that goes first alternating from repeat to repeat; :func:`spin_table` reads each setting's median p50 ratio (course generator /
 k6) at each rate. ``benchmarks/tool_wire_p50.py`` records it in ``data/measurements/tool_wire_p50.json``,
 which Lesson 6 reads.
 
@@ -25,12 +26,12 @@ from typing import Any
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
-from course_lib.core.checks import integer, non_empty, number
+from course_lib.core.checks import distinct, integer, non_empty, number, positive_number
 from course_lib.measure.capacity_record import read_rows_measurement, write_measurement
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.loadgen import SPIN_WINDOW_S
 from course_lib.measure.waterfall._climb import MIN_REQUESTS_P99
-from course_lib.measure.waterfall._tools import tool_agreement, tool_comparison
+from course_lib.measure.waterfall._tools import AGREEMENT_TOLERANCE, TOOLS, tool_agreement, tool_comparison
 
 RECORDED_TOOL_WIRE_P50 = DATA_DIR / "measurements" / "tool_wire_p50.json"
 _SCHEMA = "inference-workbook/tool-wire-p50/1"
@@ -51,21 +52,26 @@ def spin_comparison(
     """:func:`tool_comparison` at ``rates_rps`` with each of ``spins_s``, taking turns, ``repeats`` times.
 
     In repeat r the settings run in ``spins_s`` order shifted by r, each one climb (no retry: the rates are
-    meant to lie below the knee). Returns the rows of every climb with ``spin_s`` and ``repeat`` set.
+    meant to lie below the knee), with the tool that goes first alternating by repeat (``order_shift``).
+    Returns the rows of every climb with ``spin_s`` and ``repeat`` set.
 
     Raises
     ------
     course_lib.core.checks.InvalidArgumentError
-        For ``repeats`` < 1, no spin setting or a negative one (``tool_comparison`` checks the rest).
+        For ``repeats`` < 1, no spin setting, one repeated or outside [0, 1) (``tool_comparison`` checks
+        the rest).
     """
     n_repeats = integer("repeats", repeats, min=1)
-    spins = [number("spins_s", s, min=0, unit="s") for s in non_empty("spins_s", spins_s)]
+    spins = distinct(
+        "spins_s",
+        [number("spins_s", s, min=0, max=1, max_open=True, unit="s") for s in non_empty("spins_s", spins_s)],
+    )
     parts = []
     for repeat in range(n_repeats):
         shift = repeat % len(spins)
         for spin in spins[shift:] + spins[:shift]:
             rows = tool_comparison(pool, url, ids, rates_rps, p99_limit_ms=p99_limit_ms, min_requests=min_requests,
-                                   repeats=1, retries=0, settle=settle, spin_s=spin)  # fmt: skip
+                                   repeats=1, retries=0, settle=settle, spin_s=spin, order_shift=repeat)  # fmt: skip
             parts.append(rows.assign(repeat=repeat, spin_s=spin))
     return pd.concat(parts, ignore_index=True)
 
@@ -78,13 +84,16 @@ def spin_table(rows: pd.DataFrame) -> pd.DataFrame:
     the median of the per-repeat ratios), ``ratio_low`` and ``ratio_high`` (their range), ``pairs``
     (repeats in which both tools met that rate).
 
+    A setting or rate where the two tools never both met the SLO in one repeat has no row.
+
     Raises
     ------
     ValueError
-        If ``rows`` lacks ``spin_s`` (or a column ``tool_agreement`` needs).
+        If ``rows`` lacks one of ``tool``, ``repeat``, ``rate_rps``, ``met``, ``p50_wire_ms`` and ``spin_s``.
     """
-    if "spin_s" not in rows.columns:
-        raise ValueError("rows has no spin_s column: pass spin_comparison's table")
+    missing = {"tool", "repeat", "rate_rps", "met", "p50_wire_ms", "spin_s"} - set(rows.columns)
+    if missing:
+        raise ValueError(f"rows lacks columns {sorted(missing)}: pass spin_comparison's table")
     out = []
     for _, part in rows.groupby("spin_s"):
         met = part[part["met"].astype(bool)]
@@ -92,7 +101,7 @@ def spin_table(rows: pd.DataFrame) -> pd.DataFrame:
         pairs = met.pivot_table(
             index=["repeat", "rate_rps"], columns="tool", values="p50_wire_ms", aggfunc="first"
         )
-        pairs = pairs.dropna()
+        pairs = pairs.dropna() if set(TOOLS) <= set(pairs.columns) else pairs.iloc[0:0]
         ratio = pairs["course generator"] / pairs["k6"] if len(pairs) else pd.Series(dtype=float)
         agreed = tool_agreement(part)["p50_ratios"]
         for rate, median in agreed.items():
@@ -100,7 +109,17 @@ def spin_table(rows: pd.DataFrame) -> pd.DataFrame:
             out.append({"spin_s": float(part["spin_s"].iloc[0]), "rate_rps": rate, "generator_p50_ms": p50.get(("course generator", rate)),
                         "k6_p50_ms": p50.get(("k6", rate)), "ratio": median, "ratio_low": float(per_repeat.min()),
                         "ratio_high": float(per_repeat.max()), "pairs": len(per_repeat)})  # fmt: skip
-    return pd.DataFrame(out).set_index(["spin_s", "rate_rps"])
+    columns = [
+        "spin_s",
+        "rate_rps",
+        "generator_p50_ms",
+        "k6_p50_ms",
+        "ratio",
+        "ratio_low",
+        "ratio_high",
+        "pairs",
+    ]
+    return pd.DataFrame(out, columns=columns).set_index(["spin_s", "rate_rps"])
 
 
 @dataclass(frozen=True)
@@ -143,3 +162,48 @@ def load_tool_wire_p50(path: str | Path = RECORDED_TOOL_WIRE_P50) -> ToolWireP50
         columns={"tool", "repeat", "rate_rps", "met", "p50_wire_ms", "spin_s"},
     )  # fmt: skip
     return ToolWireP50Record(rows=rows, meta=payload, path=file)
+
+
+def spin_verdict(table: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE) -> str:
+    """What :func:`spin_table`'s ``table`` shows, worded for every outcome (Lesson 6 prints it).
+
+    Compares the setting without a spin (``spin_s`` 0) with the largest one, at the rates both have: where
+    the generator's p50 lies against k6's without the spin, whether it agrees within ``tolerance`` there,
+    at how many rates the two settings' ratio ranges do not overlap, and by how much the generator's own
+    p50 moved. A table without both settings, or without a rate common to them, says so.
+
+    >>> t = pd.DataFrame({"spin_s": [0.0, 0.002], "rate_rps": [500.0] * 2, "generator_p50_ms": [1.3, 0.7],
+    ...                   "k6_p50_ms": [1.0, 1.0], "ratio": [1.3, 0.7], "ratio_low": [1.25, 0.65],
+    ...                   "ratio_high": [1.35, 0.75], "pairs": [3, 3]}).set_index(["spin_s", "rate_rps"])
+    >>> spin_verdict(t)[:80]
+    "Without the spin the generator's p50 is above k6's, not within 20% at every rate"
+    """
+    tol = positive_number("tolerance", tolerance)
+    settings = sorted(set(table.index.get_level_values("spin_s"))) if len(table) else []
+    if len(settings) < 2 or settings[0] != 0:
+        return (f"The record holds rates both tools met for spin settings {settings} s only: comparing the spin "
+                "needs 0 and another.")  # fmt: skip
+    resting, spinning = table.xs(0.0), table.xs(settings[-1])
+    both = resting.index.intersection(spinning.index)
+    if not len(both):
+        return "No rate was met by both tools in both settings: this record cannot compare the spin."
+    resting, spinning = resting.loc[both], spinning.loc[both]
+    above, below = (resting["ratio"] > 1).all(), (resting["ratio"] < 1).all()
+    side = "above" if above else "below" if below else "on both sides of"
+    agree = bool(((resting["ratio"] - 1).abs() <= tol).all())
+    apart = int(
+        (
+            (spinning["ratio_high"] < resting["ratio_low"]) | (spinning["ratio_low"] > resting["ratio_high"])
+        ).sum()
+    )
+    moved_ms = float((resting["generator_p50_ms"] - spinning["generator_p50_ms"]).abs().max())
+    share = moved_ms / float(spinning["generator_p50_ms"].median())
+    return (
+        f"Without the spin the generator's p50 is {side} k6's, {'' if agree else 'not '}within {tol:.0%} at every "
+        f"rate. " + (
+            f"At {apart} of {len(both)} rates the two settings' ranges do not overlap, and the generator's own p50 "
+            f"moved by up to {moved_ms:.2f} ms ({share:.0%} of its median p50 with the spin): how a client waits "
+            "for its answer is inside the p50 it reports." if apart
+            else "The two settings' ranges overlap at every rate: this record does not show the spin to matter."
+        )
+    )  # fmt: skip

@@ -10,8 +10,9 @@ ranges, and the two tools' p50s at the rates both met.
 
 Each tool keeps its own definition of latency (see ``course_lib.measure.waterfall._k6``); the like-for-like
 figure is the time on the wire, from a request's write to its answer's last byte (k6's
-``http_req_duration``, the wire client's ``wire_ms``). Both open their keep-alive connections before the
-measured run (the generator's ``warm_connections``, k6's warm-up scenario).
+``http_req_duration``, the wire client's ``wire_ms``). Both open keep-alive connections before the measured
+run (the generator 8 per process, ``warm_connections``, and more during the run when more requests are in
+flight; k6 one per pre-allocated virtual user, in its warm-up scenario).
 
 References
 ----------
@@ -59,6 +60,7 @@ def tool_comparison(
     max_vus: int = 400,
     pre_allocated_vus: int = 200,
     spin_s: float = SPIN_WINDOW_S,
+    order_shift: int = 0,
 ) -> pd.DataFrame:
     """The course generator and k6 taking turns at each rate on ``url``, ``repeats`` times.
 
@@ -73,7 +75,7 @@ def tool_comparison(
     min_requests : int >= 1
         Requests a run needs (each lasts :func:`rung_duration_s`; 1,000 judge a p99).
     repeats : int >= 1
-        Climbs; in repeat r the tool ``TOOLS[r % 2]`` goes first at every rate.
+        Climbs; in repeat r the tool ``TOOLS[(r + order_shift) % 2]`` goes first at every rate.
     retries : int >= 0
         Extra tries of a missed rate; a tool leaves the climb after a rate that missed every try.
     settle : callable, optional
@@ -81,7 +83,11 @@ def tool_comparison(
     on_row : callable row -> None, optional
         Progress.
     max_vus, pre_allocated_vus : k6's virtual users (``run_k6``).
-    spin_s : the course generator's spin before each send (``GeneratorPool.run``; 0 sleeps on the timer alone).
+    spin_s : float in [0, 1)
+        The course generator's spin window before each send (``GeneratorPool.run``; 0: none, it sleeps on its
+        loop's timer and yields to the loop only for what remains if the timer wakes it early).
+    order_shift : int >= 0
+        Shifts which tool goes first (a caller that runs one repeat at a time passes its repeat number).
 
     Returns
     -------
@@ -97,14 +103,19 @@ def tool_comparison(
     Raises
     ------
     course_lib.core.checks.InvalidArgumentError
-        For ``repeats`` < 1, ``retries`` < 0, ``min_requests`` < 1, a limit that is not > 0 or an empty
-        ladder. RuntimeError if k6 fails (``run_k6``).
+        For ``repeats`` < 1, ``retries`` < 0, ``min_requests`` < 1, a limit that is not > 0, an empty
+        ladder or ``ids``, ``pre_allocated_vus`` above ``max_vus``, a ``spin_s`` outside [0, 1) or a negative
+        ``order_shift`` (all before anything runs). RuntimeError if k6 fails (``run_k6``).
     """
     limit = positive_number("p99_limit_ms", p99_limit_ms)
     n_min = integer("min_requests", min_requests, min=1)
     n_repeats = integer("repeats", repeats, min=1)
     tries = integer("retries", retries, min=0) + 1
     rates = sorted(positive_number("ladder_rps", r) for r in checks.non_empty("ladder_rps", ladder_rps))
+    checks.non_empty("ids", ids)
+    integer("max_vus", max_vus, min=integer("pre_allocated_vus", pre_allocated_vus, min=1))
+    spin_s = checks.number("spin_s", spin_s, min=0, max=1, max_open=True, unit="s")
+    shift = integer("order_shift", order_shift, min=0)
     payloads = [{"customer_id": c} for c in ids]
     rows: list[dict[str, Any]] = []
 
@@ -135,7 +146,8 @@ def tool_comparison(
                 "met": bool(s["met_slo"])}  # fmt: skip
 
     for repeat in range(n_repeats):
-        alive = list(TOOLS[repeat % 2 :] + TOOLS[: repeat % 2])
+        first = (repeat + shift) % 2
+        alive = list(TOOLS[first:] + TOOLS[:first])
         for rate in rates:
             for tool in list(alive):
                 for attempt in range(1, tries + 1):
@@ -190,7 +202,8 @@ def tool_agreement(
     -------
     dict
         ``knees_by_repeat`` (tool -> list of knees, one per repeat: the highest rate met with every lower
-        rate met too, 0.0 if its first missed), ``knee_rps`` (tool -> their median), ``knee_range_rps``
+        rate met too, 0.0 if its first missed), ``knee_rps`` (tool -> their median; with an even number of
+        repeats the midpoint of the middle two, which need not be a rate tried), ``knee_range_rps``
         (tool -> (lowest, highest)), ``repeats``, ``knee_ratio`` (course generator / k6, of the medians),
         ``p50_ratios`` (rate -> the median over the repeats in which both tools met that rate of the
         course generator's p50 / k6's, ``p50_column``), ``worst_p50_ratio`` (the one furthest from 1), and
@@ -199,7 +212,8 @@ def tool_agreement(
     Raises
     ------
     InvalidArgumentError
-        For a tolerance outside (0, 1). ValueError if a column is missing or a tool has no row.
+        For a tolerance outside (0, 1). ValueError if a column is missing, a tool has no row, or a repeat
+        has rows of one tool only (the knees would be read over different climbs).
 
     Examples
     --------
@@ -219,6 +233,12 @@ def tool_agreement(
         if not (tools["tool"] == tool).any():
             raise ValueError(f"tools has no row for {tool!r}")
     rungs = _rungs(tools, p50_column)
+    tools_by_repeat = rungs.groupby("repeat")["tool"].nunique()
+    if (tools_by_repeat < len(TOOLS)).any():
+        lone = [int(r) for r in tools_by_repeat.index[tools_by_repeat < len(TOOLS)]]
+        raise ValueError(
+            f"tools has repeats {lone} with rows of one tool only; each repeat needs both {TOOLS}"
+        )
     by_repeat: dict[str, list[float]] = {}
     for tool in TOOLS:
         by_repeat[tool] = []
