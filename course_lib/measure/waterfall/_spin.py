@@ -167,16 +167,17 @@ def load_tool_wire_p50(path: str | Path = RECORDED_TOOL_WIRE_P50) -> ToolWireP50
 def spin_verdict(table: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE) -> str:
     """What :func:`spin_table`'s ``table`` shows, worded for every outcome (Lesson 6 prints it).
 
-    Compares the setting without a spin (``spin_s`` 0) with the largest one, at the rates both have: where
-    the generator's p50 lies against k6's without the spin, whether it agrees within ``tolerance`` there,
-    at how many rates the two settings' ratio ranges do not overlap, and by how much the generator's own
-    p50 moved. A table without both settings, or without a rate common to them, says so.
+    Compares the setting without a spin (``spin_s`` 0) with the largest one, at the rates both have: the
+    median ratios without the spin and how many lie within ``tolerance`` of 1, at how many rates every
+    repeat lies above (or below) 1, at how many rates the two settings' ratio ranges do not overlap, and by
+    how much the generator's own p50 moved. A table without both settings, or without a rate common to
+    them, says so.
 
     >>> t = pd.DataFrame({"spin_s": [0.0, 0.002], "rate_rps": [500.0] * 2, "generator_p50_ms": [1.3, 0.7],
     ...                   "k6_p50_ms": [1.0, 1.0], "ratio": [1.3, 0.7], "ratio_low": [1.25, 0.65],
     ...                   "ratio_high": [1.35, 0.75], "pairs": [3, 3]}).set_index(["spin_s", "rate_rps"])
-    >>> spin_verdict(t)[:80]
-    "Without the spin the generator's p50 is above k6's, not within 20% at every rate"
+    >>> print(spin_verdict(t)[:127])
+    Without the spin, the generator / k6 median ratios are 1.30 (0 of 1 within 20% of 1); every repeat lies above 1 at 1 of 1 rates
     """
     tol = positive_number("tolerance", tolerance)
     settings = sorted(set(table.index.get_level_values("spin_s"))) if len(table) else []
@@ -188,9 +189,9 @@ def spin_verdict(table: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE)
     if not len(both):
         return "No rate was met by both tools in both settings: this record cannot compare the spin."
     resting, spinning = resting.loc[both], spinning.loc[both]
-    above, below = (resting["ratio"] > 1).all(), (resting["ratio"] < 1).all()
-    side = "above" if above else "below" if below else "on both sides of"
-    agree = bool(((resting["ratio"] - 1).abs() <= tol).all())
+    within = int(((resting["ratio"] - 1).abs() <= tol).sum())
+    above = int((resting["ratio_low"] > 1).sum())
+    below = int((resting["ratio_high"] < 1).sum())
     apart = int(
         (
             (spinning["ratio_high"] < resting["ratio_low"]) | (spinning["ratio_low"] > resting["ratio_high"])
@@ -198,9 +199,10 @@ def spin_verdict(table: pd.DataFrame, *, tolerance: float = AGREEMENT_TOLERANCE)
     )
     moved_ms = float((resting["generator_p50_ms"] - spinning["generator_p50_ms"]).abs().max())
     share = moved_ms / float(spinning["generator_p50_ms"].median())
+    medians = ", ".join(f"{r:.2f}" for r in resting["ratio"])
     return (
-        f"Without the spin the generator's p50 is {side} k6's, {'' if agree else 'not '}within {tol:.0%} at every "
-        f"rate. " + (
+        f"Without the spin, the generator / k6 median ratios are {medians} ({within} of {len(both)} within {tol:.0%} "
+        f"of 1); every repeat lies above 1 at {above} of {len(both)} rates and below 1 at {below}. " + (
             f"At {apart} of {len(both)} rates the two settings' ranges do not overlap, and the generator's own p50 "
             f"moved by up to {moved_ms:.2f} ms ({share:.0%} of its median p50 with the spin): how a client waits "
             "for its answer is inside the p50 it reports." if apart
