@@ -29,7 +29,8 @@ help:
 	@echo "                     files, open JupyterLab on 127.0.0.1 with the course kernel"
 	@echo "  make first-run     build the course model and Lesson 2's feature store if missing (timed)"
 	@echo "  make html          render the committed lessons (no execution) into build/html/ to read without running"
-	@echo "  make course        execute every lesson headless into build/course and print a timing table"
+	@echo "  make course        execute every lesson headless into build/course and print a timing table;"
+	@echo "                     LESSONS=notebooks/06_load_testing.ipynb runs some (files or folders)"
 	@echo "  make kernel        register the environment as the Jupyter kernel for other front ends (VS Code)"
 	@echo "  make install       only install the course environment into .venv from requirements.lock"
 	@echo "  make clean         remove build/ and .pytest_cache (never my-work/ or .venv/)"
@@ -101,8 +102,9 @@ html: $(STAMP)
 	$(BIN)/jupyter nbconvert --to html --output-dir build/html notebooks/*.ipynb
 	@echo "open build/html/01_churn_model.html (one page per lesson)"
 
+LESSONS ?= notebooks
 course: kernel first-run
-	$(BIN)/python -m course_lib.course_runner notebooks --out build/course --budget-s 90
+	$(BIN)/python -m course_lib.course_runner $(LESSONS) --out build/course --budget-s 90
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests

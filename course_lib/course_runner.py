@@ -1,6 +1,9 @@
 """``make course``: execute every lesson headless, save executed notebooks and HTML, print a table.
 
-Usage: ``python -m course_lib.course_runner notebooks --out build/course --budget-s 90``
+Usage: ``python -m course_lib.course_runner notebooks --out build/course --budget-s 90``; name lesson
+files instead of (or beside) a folder to run only those
+(``python -m course_lib.course_runner notebooks/06_load_testing.ipynb``, which ``make course
+LESSONS=notebooks/06_load_testing.ipynb`` runs).
 
 ``python -m course_lib.course_runner --prepare`` builds what the lessons would otherwise build on their
 first run (:func:`prepare_first_run`: the course model in ``build/models`` and Lesson 2's 1,000,000-customer
@@ -17,12 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
 from course_lib.core._io import atomic_write_text
 
-__all__ = ["LessonResult", "main", "prepare_first_run", "run_lessons"]
+__all__ = ["LessonResult", "lesson_paths", "main", "prepare_first_run", "run_lessons"]
 
 
 class LessonResult:
@@ -36,24 +40,54 @@ class LessonResult:
         return self.status.startswith("error")
 
 
+def lesson_paths(paths: Path | Sequence[Path]) -> list[Path]:
+    """The lesson notebooks named by ``paths``: a folder gives its ``*.ipynb`` (sorted), a file itself.
+
+    Order is kept (a folder's lessons in name order at its place); a lesson named twice runs once.
+
+    Raises
+    ------
+    FileNotFoundError
+        For a path that does not exist.
+    ValueError
+        For a file that is not a ``.ipynb`` notebook.
+    """
+    found: list[Path] = []
+    for path in [paths] if isinstance(paths, Path) else list(paths):
+        if path.is_dir():
+            found.extend(sorted(path.glob("*.ipynb")))
+        elif not path.exists():
+            raise FileNotFoundError(f"lesson path {str(path)!r} does not exist (a folder or a .ipynb file)")
+        elif path.suffix != ".ipynb":
+            raise ValueError(f"lesson path {str(path)!r} is not a notebook: name a folder or a .ipynb file")
+        else:
+            found.append(path)
+    return list(dict.fromkeys(found))
+
+
 def run_lessons(
-    folder: Path,
+    folder: Path | Sequence[Path],
     out: Path,
     *,
     budget_s: float = 90.0,
     cell_timeout_s: int = 300,
     kernel_name: str | None = None,
 ) -> list[LessonResult]:
-    """Execute every ``*.ipynb`` in ``folder`` (sorted), writing ``out/<name>.ipynb`` and ``.html``."""
+    """Execute the lessons ``lesson_paths(folder)`` names, writing ``out/<name>.ipynb`` and ``.html``.
+
+    ``folder`` is a folder of lessons, or a list of folders and ``.ipynb`` files. Raises as
+    ``lesson_paths`` does.
+    """
     # Jupyter's execution stack loads only to run lessons (``--prepare`` alone never needs it)
     import nbformat  # noqa: PLC0415 (heavy optional dependency)
     from nbclient import NotebookClient  # noqa: PLC0415 (heavy optional dependency)
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # noqa: PLC0415 (heavy optional dependency)
     from nbconvert import HTMLExporter  # noqa: PLC0415 (heavy optional dependency)
 
+    lessons = lesson_paths(folder)
     out.mkdir(parents=True, exist_ok=True)
     results = []
-    for path in sorted(folder.glob("*.ipynb")):
+    for path in lessons:
         nb = nbformat.read(path, as_version=4)
         client = NotebookClient(
             nb,
@@ -130,7 +164,9 @@ def prepare_first_run() -> list[FirstRunRow]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, nargs="?", help="folder of lesson notebooks")
+    parser.add_argument(
+        "paths", type=Path, nargs="*", help="folders of lesson notebooks, or lesson .ipynb files"
+    )
     parser.add_argument(
         "--prepare", action="store_true", help="first build the course model and the feature store if missing"
     )
@@ -145,21 +181,23 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"first run: {row['what']}: {done} ({row['path']}, {row['bytes'] / 1e6:.0f} MB)", flush=True
             )
-        if args.folder is None:
+        if not args.paths:
             return 0
-    if args.folder is None:
-        parser.error("name a folder of lessons (or pass --prepare alone)")
-    if not args.folder.is_dir():
-        parser.error(f"folder {args.folder} does not exist")
+    if not args.paths:
+        parser.error("name a folder of lessons or lesson .ipynb files (or pass --prepare alone)")
+    try:
+        lesson_paths(args.paths)
+    except (FileNotFoundError, ValueError) as exc:
+        parser.error(str(exc))
     results = run_lessons(
-        args.folder,
+        args.paths,
         args.out,
         budget_s=args.budget_s,
         cell_timeout_s=args.cell_timeout_s,
         kernel_name=args.kernel,
     )
     if not results:
-        print(f"no lessons (*.ipynb) found in {args.folder}", file=sys.stderr)
+        print(f"no lessons (*.ipynb) found in {' '.join(map(str, args.paths))}", file=sys.stderr)
         return 1
     width = max(len(r.name) for r in results)
     print(f"\n{'lesson':<{width}} | {'seconds':>7} | status")

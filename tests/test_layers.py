@@ -248,7 +248,7 @@ def test_every_function_level_import_says_why():
     ],
 )
 def test_a_function_level_import_without_a_reason_is_caught(planted_tree: Path, comment: str, caught: bool):
-    target = planted_tree / "core" / "wording.py"
+    target = planted_tree / "core" / "waiting.py"
     target.write_text(target.read_text() + f"\n\ndef _late():\n    import json  {comment}\n    return json\n")
     assert bool(unexplained_function_level_imports(planted_tree)) is caught
 

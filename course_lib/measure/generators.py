@@ -47,12 +47,7 @@ import pandas as pd
 
 from course_lib.core._process import exit_with_parent
 from course_lib.core.checks import integer, number, positive_number
-from course_lib.measure.loadgen import (
-    SEND_LAG_BOUND_MS,
-    SPIN_WINDOW_S,
-    LoadResult,
-    run_open_loop,
-)
+from course_lib.measure.loadgen import SEND_LAG_BOUND_MS, SPIN_WINDOW_S, LoadResult, run_open_loop
 from course_lib.measure.targets import wire_target
 from course_lib.serving.server import (
     DEFAULTS,
@@ -377,7 +372,7 @@ def generator_limit(
     return limit, pd.DataFrame(rows)
 
 
-def generator_limit_text(limit_rps: float, lowest_rps: float) -> str:
+def generator_limit_text(limit_rps: float, lowest_rps: float, highest_rps: float | None = None) -> str:
     """``generator_limit``'s answer in words: the rate, or that no rate tried met the bound.
 
     Parameters
@@ -386,23 +381,28 @@ def generator_limit_text(limit_rps: float, lowest_rps: float) -> str:
         The limit :func:`generator_limit` returned (0.0 when even its lowest rate missed).
     lowest_rps : float > 0
         The lowest rate that climb tried.
+    highest_rps : float > 0, optional
+        The highest rate it tried: a limit that reaches it is a lower bound, and the text says so.
 
     Raises
     ------
     InvalidArgumentError
-        For a negative limit or a lowest rate that is not a finite number > 0.
+        For a negative limit or a lowest or highest rate that is not a finite number > 0.
 
     Examples
     --------
     >>> generator_limit_text(2000.0, 250.0)
     '2,000 req/s'
+    >>> generator_limit_text(4000.0, 250.0, 4000.0)
+    '4,000 req/s (the highest rate tried: at least that)'
     >>> generator_limit_text(0.0, 250.0)
     'not measured: no rate tried met the bound (the lowest was 250 req/s)'
     """
     limit_rps = positive_number("limit_rps", limit_rps, allow_zero=True)
     lowest_rps = positive_number("lowest_rps", lowest_rps)
+    top = highest_rps is not None and limit_rps >= positive_number("highest_rps", highest_rps)
     if limit_rps > 0:
-        return f"{limit_rps:,.0f} req/s"
+        return f"{limit_rps:,.0f} req/s" + (" (the highest rate tried: at least that)" if top else "")
     return f"not measured: no rate tried met the bound (the lowest was {lowest_rps:,.0f} req/s)"
 
 
