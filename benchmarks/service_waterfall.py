@@ -7,9 +7,11 @@ configurations; the floor is the production stack's ``POST /null``). Two generat
 in-process ceiling is read from ``Server-Timing``, a short pre-scan finds where each knee roughly is, and
 the ladder (four rungs per doubling) is climbed ``--repeats`` times with the steps taking turns at every
 rung, each rung holding at least ``--min-requests`` requests (1,000 resolve a p99), a missed rung tried
-once more. With ``--k6`` the production step is also climbed by k6 (``loadtests/churn.js``) beside the
-course generator at the same rates, the two taking turns, ``--repeats`` times, a missed rate tried once more. Nothing is asserted; the table prints every knee, its range over the
-repeats, its ratio to its base with the interval, and the verdict (gain / loss / not resolved).
+once more, and a step whose start rung (from the pre-scan) misses tries the rungs below it. With
+``--k6`` the production step is also climbed by k6 (``loadtests/churn.js``) beside the course
+generator at the same rates, the two taking turns, ``--repeats`` times, a missed rate tried once
+more. Nothing is asserted; the table prints every knee, its range over the repeats, its ratio to its
+base with the interval, and the verdict (gain / loss / not resolved).
 
 Run: ``python benchmarks/service_waterfall.py --k6 --out data/measurements/service_waterfall.json``
 (a full run takes about 30 minutes on 2 cores: the prototype's rungs need 1,000 requests each at
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         p99_limit_ms=args.p99_limit_ms,
         k6_step=PRODUCTION_STEP if args.k6 else None,
         on_row=show,
+        step_down=True,  # a start from the short pre-scan can lie above the knee: try the rungs below it
     )
     columns = [
         "median_knee_rps",
@@ -110,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"p50 on the wire (write to read), course generator / k6, furthest from 1: {a['worst_p50_ratio']:.2f} "
                 f"({'agree' if a['p50_agrees'] else 'do not agree'} at every rate both met)"
             )
-    lowest = run.settings["generator_lowest_rps"]
-    print(f"generator limit (send-lag p99 <= 1 ms): {generator_limit_text(run.generator_limit_rps, lowest)}")
+    lowest, highest = run.settings["generator_lowest_rps"], run.settings["generator_highest_rps"]
+    gen_text = generator_limit_text(run.generator_limit_rps, lowest, highest)
+    print(f"generator limit (send-lag p99 <= 1 ms): {gen_text}")
     if args.out is not None:
         generator = f"course_lib.measure.generators, {run.settings['n_generators']} processes (wire client: httptools + uvloop)"
         path = save_waterfall(

@@ -200,7 +200,8 @@ def run_waterfall(
     start_rps : step -> first rung; default from a short pre-scan (a coarse climb of 200-request rungs),
         ``start_back`` rungs below the knee it found.
     step_down : a step whose start rung misses tries the rungs below it (``interleaved_climb``); for
-        starts taken from a record of another machine.
+        starts taken from a record of another machine or from the short pre-scan (the benchmark sets it:
+        without it such a step's knee is 0).
     k6_step : a step to also measure with k6 beside the course generator (:func:`tool_comparison`).
     same_rate_rps : after the climbs, run every step once at this offered rate (``min_requests``
         requests) for a like-for-like p99; ``same_rate_steps`` limits that to some steps.
@@ -299,7 +300,7 @@ def run_waterfall(
     settings = {
         "p99_limit_ms": limit, "repeats": n_repeats, "min_requests": int(min_requests), "ladder_rps": ladder,
         "start_rps": dict(start_rps), "generator_limit_rps": gen_limit, "generator_lowest_rps": float(min(generator_rates_rps)),
-        "n_generators": n_generators,
+        "generator_highest_rps": float(max(generator_rates_rps)), "n_generators": n_generators,
         "servers": {k: ("prototype: course_lib.measure.load_server.serve_churn" if v is None else v.describe())
                     for k, v in servers.items() if k in needed},
     }  # fmt: skip
