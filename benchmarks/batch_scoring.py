@@ -16,9 +16,10 @@ One run prints (and records in ``data/measurements/batch_scoring.json``) everyth
 5. **verdicts** against the targets: 1M customers in under 4 s (>= 250,000 rows/s), end to end >= floor
    / 1.3 on the same cores, 10M customers under 1 GB (10^9 bytes) peak.
 
-Run: ``python benchmarks/batch_scoring.py`` (full: about 5 minutes on a busy 2-core machine, of which the
-first build of the 10M store takes about a minute and scoring it most of the rest) or ``--quick``
-(200k customers and a 2M memory run, about 2 minutes; not recorded unless ``--out`` is given). Timings hold for this machine and its load only (printed); rerun on a quiet machine.
+Run: ``python benchmarks/batch_scoring.py --out data/measurements/batch_scoring.json`` (full: about 5
+minutes on a busy 2-core machine, of which the first build of the 10M store takes about a minute and
+scoring it most of the rest) or ``--quick`` (200k customers and a 2M memory run, about 2 minutes). Like
+the other benchmarks it writes a record only with ``--out``. Timings hold for this machine and its load only (printed); rerun on a quiet machine.
 """
 
 from __future__ import annotations
@@ -176,13 +177,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="floor + job repeats (default 3)")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: every usable core)")
     parser.add_argument("--runtime", default="auto", help="xgboost, onnxruntime, treelite or auto (fastest)")
-    parser.add_argument("--out", type=Path, default=None, help=f"record file (full run default: {RECORD})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"write the record here (JSON; the release's is {RECORD.relative_to(DATA_DIR.parent)})",
+    )
     args = parser.parse_args()
     customers = args.customers or (200_000 if args.quick else 1_000_000)
     memory_customers = args.memory_customers or (2_000_000 if args.quick else 10_000_000)
     repeats = args.repeats or (2 if args.quick else 3)
     workers = args.workers or default_workers()
-    out_file = args.out if args.out is not None else (None if args.quick else RECORD)
+    out_file = args.out
     warm_up_workers()
     env = env_report()
     print(env)

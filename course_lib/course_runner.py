@@ -18,6 +18,8 @@ status is non-zero if any lesson raised an error or timed out.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +29,17 @@ from typing import TypedDict
 from course_lib.core._io import atomic_write_text
 
 __all__ = ["LessonResult", "lesson_paths", "main", "prepare_first_run", "run_lessons"]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in a kernel's traceback
+
+
+def _near(path: Path) -> str:
+    """``"; did you mean 'notebooks/05_cpu_gpu_cost.ipynb'?"`` for the closest lesson beside ``path``, or ``""``."""
+    folder = path.parent if path.parent.is_dir() else Path("notebooks")
+    names = [str(p) for p in sorted(folder.glob("*.ipynb"))] if folder.is_dir() else []
+    close = difflib.get_close_matches(str(path), names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class LessonResult:
@@ -57,7 +70,9 @@ def lesson_paths(paths: Path | Sequence[Path]) -> list[Path]:
         if path.is_dir():
             found.extend(sorted(path.glob("*.ipynb")))
         elif not path.exists():
-            raise FileNotFoundError(f"lesson path {str(path)!r} does not exist (a folder or a .ipynb file)")
+            raise FileNotFoundError(
+                f"lesson path {str(path)!r} does not exist (name a folder or a .ipynb file){_near(path)}"
+            )
         elif path.suffix != ".ipynb":
             raise ValueError(f"lesson path {str(path)!r} is not a notebook: name a folder or a .ipynb file")
         else:
@@ -102,7 +117,7 @@ def run_lessons(
             status = "ok" if seconds <= budget_s else f"over budget ({budget_s:g} s)"
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
             seconds = time.perf_counter() - start
-            first = str(exc).strip().splitlines()
+            first = _ANSI.sub("", str(exc)).strip().splitlines()
             status = "error: " + (first[-1] if first else type(exc).__name__)[:120]
         nbformat.write(nb, out / path.name)
         body, _ = HTMLExporter().from_notebook_node(nb)
@@ -187,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name a folder of lessons or lesson .ipynb files (or pass --prepare alone)")
     try:
         lesson_paths(args.paths)
-    except (FileNotFoundError, ValueError) as exc:
-        parser.error(str(exc))
+    except (FileNotFoundError, ValueError) as exc:  # a make user never typed this command: no usage block
+        parser.exit(2, f"course_runner: error: {exc}\n")
     results = run_lessons(
         args.paths,
         args.out,

@@ -53,16 +53,21 @@ def test_main_runs_only_the_named_lesson_and_reports_a_failure(
     assert main([str(tmp_path), "--out", str(out), "--budget-s", "600"]) == 1
     table = capsys.readouterr().out
     assert "01_ok" in table and "02_bad" in table and "planted failure" in table
+    assert "\x1b[" not in table  # the traceback's colour codes are not copied into the table
     assert (out / "02_bad.ipynb").is_file()  # a failing lesson's executed copy is kept to read
 
 
 def test_main_refuses_a_missing_path_with_its_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    _lesson(tmp_path / "05_cpu_gpu_cost.ipynb", "x = 5")
     with pytest.raises(SystemExit) as exc:
-        main([str(tmp_path / "nope.ipynb")])
-    assert exc.value.code == 2
-    assert "nope.ipynb" in capsys.readouterr().err
+        main([str(tmp_path / "05_cpu_gpu_cost.ipnyb")])  # a typo a student makes
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "usage:" not in err
+    assert (
+        "05_cpu_gpu_cost.ipnyb" in err and f"did you mean {str(tmp_path / '05_cpu_gpu_cost.ipynb')!r}" in err
+    )
     with pytest.raises(SystemExit):
         main([])
     assert "name a folder of lessons" in capsys.readouterr().err

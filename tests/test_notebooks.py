@@ -73,6 +73,10 @@ def test_lesson_is_committed_with_outputs_from_one_clean_run(path):
 def test_lesson_prints_the_environment_first(path):
     first_code = _code_cells(path)[:3]
     assert any("env_report()" in src for src in first_code), "print env_report() in the first code cells"
+    # the README promises it: a kernel that is not the course environment is told what to do
+    assert "except ModuleNotFoundError" in first_code[0] and "make lab" in first_code[0], (
+        "the first code cell imports course_lib inside try / except ModuleNotFoundError with advice (as Lesson 1)"
+    )
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
