@@ -28,7 +28,9 @@ VENV_BIN = Path(sys.executable).parent
 LIFETIME_S = 300  # the server stops by itself after this long, also if this test's process is killed
 
 
-ANSWER = re.compile(r"PY=(/[^=\s]*|)=END")  # the echoed command line reads PY=$(...)=END: no match
+# the printed answer: PY=<path>=END, or PY==END when there is no python; the echoed command line
+# (PY=$(command -v python)=END) does not match
+ANSWER = re.compile(r"PY=(/[^=\s]*|)=END")
 
 
 async def _which_python(url: str, token: str) -> str:
