@@ -1,6 +1,7 @@
 """Batch scoring at the hardware's pace: the job end to end beside its model-only floor, on every usable core.
 
-One run prints (and records in ``data/measurements/batch_scoring.json``) everything issue 29 asks to check:
+One run prints everything issue 29 asks to check (and, with ``--out``, records it, the release's record being
+``data/measurements/batch_scoring.json``):
 
 1. **runtime candidates**: ``choose_runtime`` times XGBoost ``inplace_predict``, ONNX Runtime and
    treelite + tl2cgen compiled trees (where a C compiler exists) model-only on one encoded chunk;
@@ -19,7 +20,8 @@ One run prints (and records in ``data/measurements/batch_scoring.json``) everyth
 Run: ``python benchmarks/batch_scoring.py --out data/measurements/batch_scoring.json`` (full: about 5
 minutes on a busy 2-core machine, of which the first build of the 10M store takes about a minute and
 scoring it most of the rest) or ``--quick`` (200k customers and a 2M memory run, about 2 minutes). Like
-the other benchmarks it writes a record only with ``--out``. Timings hold for this machine and its load only (printed); rerun on a quiet machine.
+the other benchmarks it writes a record only with ``--out``. Timings hold for this machine and its load
+only (printed); rerun on a quiet machine.
 """
 
 from __future__ import annotations
@@ -188,7 +190,6 @@ def main() -> None:
     memory_customers = args.memory_customers or (2_000_000 if args.quick else 10_000_000)
     repeats = args.repeats or (2 if args.quick else 3)
     workers = args.workers or default_workers()
-    out_file = args.out
     warm_up_workers()
     env = env_report()
     print(env)
@@ -228,9 +229,9 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     runs = pd.DataFrame(rows)
     report(runs, same, resume, memory, customers, memory_customers, workers, runtime, env)
-    if out_file is not None:
+    if args.out is not None:
         path = write_measurement(
-            out_file, SCHEMA, command="python benchmarks/batch_scoring.py" + (" --quick" if args.quick else ""),
+            args.out, SCHEMA, command="python benchmarks/batch_scoring.py" + (" --quick" if args.quick else "") + f" --out {args.out}",
             load_average_1m=env.load_average_1m, load_average_1m_at_end=os.getloadavg()[0], runtime=runtime, processes=workers, threads_per_process=1,
             customers=customers, memory_customers=memory_customers, chunk_rows=100_000, repeats=repeats,
             candidates=candidates.reset_index().replace({np.nan: None}).to_dict(orient="records"),

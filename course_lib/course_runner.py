@@ -201,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.paths:
         parser.error("name a folder of lessons or lesson .ipynb files (or pass --prepare alone)")
     try:
-        lesson_paths(args.paths)
+        lessons = lesson_paths(args.paths)
     except (FileNotFoundError, ValueError) as exc:  # a make user never typed this command: no usage block
         parser.exit(2, f"course_runner: error: {exc}\n")
     results = run_lessons(
-        args.paths,
+        lessons,
         args.out,
         budget_s=args.budget_s,
         cell_timeout_s=args.cell_timeout_s,
