@@ -290,7 +290,7 @@ def test_generator_processes_against_a_null_server_lose_nothing():
         shaped = pool.run(url, [{}], rate_rps=100.0, duration_s=1.0, schedule_ms=spike)
         assert shaped.summary()["sent"] == len(spike)
         np.testing.assert_allclose(np.sort(shaped.requests["scheduled_ms"]) - spike, 0.0, atol=50.0)
-        limit, table = generator_limit(pool, url, [50.0], duration_s=0.3)
+        limit, table = generator_limit(pool, url, [50.0], duration_s=0.3, min_requests=20)
         assert 1 <= len(table) <= 2 and limit in (0.0, 50.0) and (table["errors"] == 0).all()
 
 
@@ -373,14 +373,23 @@ def test_generator_limit_retries_a_missed_rate_once_and_stops_where_every_try_mi
     class FakePool:
         def __init__(self):
             self.tries = {}
+            self.durations_s = {}
 
         def run(self, url, payloads, *, rate_rps, duration_s, seed):
             attempt = self.tries[rate_rps] = self.tries.get(rate_rps, 0) + 1
+            self.durations_s[rate_rps] = duration_s
             lags = np.full(100, 5.0 if (rate_rps, attempt) in late else 0.1)
             return _fake_result(np.ones(100), lags, rate=rate_rps)
 
-    limit, table = generator_limit(FakePool(), "http://unused", [400, 100, 200, 800])
+    pool = FakePool()
+    limit, table = generator_limit(pool, "http://unused", [400, 100, 200, 800])
     assert limit == 200.0
+    # every try is long enough to hold the 1,000 requests a p99 needs (10 / (1 - 0.99)), 3 sigma over
+    expected_s = {rate: (1000 + 3 * 1000**0.5) / rate for rate in (100.0, 200.0, 400.0)}
+    assert pool.durations_s == pytest.approx(expected_s)
+    pool = FakePool()
+    generator_limit(pool, "http://unused", [100, 8000], duration_s=2.0, min_requests=20)
+    assert pool.durations_s == {100.0: 2.0, 8000.0: 2.0}  # the shortest try wins over a few requests
     assert list(zip(table["rate_rps"], table["attempt"], strict=True)) == [
         (100.0, 1), (200.0, 1), (200.0, 2), (400.0, 1), (400.0, 2)
     ]  # fmt: skip
@@ -389,6 +398,10 @@ def test_generator_limit_retries_a_missed_rate_once_and_stops_where_every_try_mi
     assert limit == 0.0 and len(table) == 1
     with pytest.raises(ValueError, match="retries"):
         generator_limit(FakePool(), "http://unused", [100], retries=-1)
+    with pytest.raises(ValueError, match="min_requests"):
+        generator_limit(FakePool(), "http://unused", [100], min_requests=0)
+    with pytest.raises(ValueError, match="duration_s"):
+        generator_limit(FakePool(), "http://unused", [100], duration_s=0)
 
 
 def test_knees_beside_generator_words_each_case():

@@ -35,6 +35,7 @@ from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import poisson_arrivals_ms
 
 __all__ = [
+    "MIN_REQUESTS_P99",
     "OUTCOMES",
     "SEND_LAG_BOUND_MS",
     "SERVED_FIELDS",
@@ -43,6 +44,7 @@ __all__ = [
     "Send",
     "outcome_of",
     "run_open_loop",
+    "rung_duration_s",
 ]
 
 Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
@@ -50,6 +52,8 @@ Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
 SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
 #: How every request ends: answered (2xx), shed by the server (429/503), timed out, or another error.
 OUTCOMES: tuple[str, ...] = ("ok", "shed", "timeout", "error")
+#: Requests a run needs to judge a p99: 10 / (1 - 0.99) (``course_lib.core.percentiles.samples_needed``).
+MIN_REQUESTS_P99 = 1000
 #: Send lag (actual - scheduled send time) p99 above this flags a run as generator-bound (ms).
 SEND_LAG_BOUND_MS = 1.0
 #: Default ``spin_s`` of a generator in its own process (``course_lib.measure.generators``): it sleeps on the
@@ -73,6 +77,24 @@ def outcome_of(exc: BaseException) -> str:
     if isinstance(exc, HttpStatusError) and exc.shed:
         return "shed"
     return "error"
+
+
+def rung_duration_s(
+    rate_rps: float, *, min_requests: int = MIN_REQUESTS_P99, min_duration_s: float = 1.0
+) -> float:
+    """Seconds a run (a rung) at ``rate_rps`` lasts to hold ``min_requests`` requests (at least ``min_duration_s``).
+
+    Poisson arrivals put n +- sqrt(n) requests where n are expected, so the rung is sized for
+    ``min_requests + 3 sqrt(min_requests)``: fewer than ``min_requests`` then come about once in 700 rungs.
+
+    >>> round(rung_duration_s(50), 2)
+    21.9
+    >>> rung_duration_s(4000)
+    1.0
+    """
+    rate = positive_number("rate_rps", rate_rps)
+    n = integer("min_requests", min_requests, min=1)
+    return max(float(min_duration_s), (n + 3.0 * math.sqrt(n)) / rate)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The whole service measured: the waterfall from prototype to production, its floor, k6 beside it, its peers.
 
-* ``_climb``: ``WaterfallStep``, ladders (``geometric_ladder``, ``rung_duration_s``, ``start_rungs``), the
+* ``_climb``: ``WaterfallStep``, ladders (``geometric_ladder``, ``start_rungs``; a rung's length is
+  ``course_lib.measure.loadgen.rung_duration_s``, re-exported here with ``MIN_REQUESTS_P99``), the
   interleaved climb, ``knees``, ``lever_table`` (ratios with the interval over ladder and repeats,
   ``lever_verdict``), ``floor_model``;
 * ``_record``: ``save_waterfall`` / ``load_waterfall`` (``data/measurements/service_waterfall.json``);
@@ -21,6 +22,7 @@
 
 from __future__ import annotations
 
+from course_lib.measure.loadgen import MIN_REQUESTS_P99, rung_duration_s
 from course_lib.measure.waterfall._bench import (
     FLOOR_STEP,
     PRODUCTION_STEP,
@@ -43,7 +45,6 @@ from course_lib.measure.waterfall._client_cpu import (
 )
 from course_lib.measure.waterfall._climb import (
     LADDER_RATIO,
-    MIN_REQUESTS_P99,
     WaterfallStep,
     floor_model,
     geometric_ladder,
@@ -51,7 +52,6 @@ from course_lib.measure.waterfall._climb import (
     knees,
     lever_table,
     lever_verdict,
-    rung_duration_s,
     start_rungs,
 )
 from course_lib.measure.waterfall._k6 import (

@@ -32,14 +32,13 @@ from course_lib.core.checks import integer, positive_number
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
 from course_lib.measure.knee import step_row
 from course_lib.measure.load_server import serve_churn, wait_idle
+from course_lib.measure.loadgen import MIN_REQUESTS_P99, rung_duration_s
 from course_lib.measure.waterfall._climb import (
-    MIN_REQUESTS_P99,
     WaterfallStep,
     geometric_ladder,
     interleaved_climb,
     knees,
     lever_table,
-    rung_duration_s,
     start_rungs,
 )
 from course_lib.measure.waterfall._tools import tool_comparison
@@ -205,7 +204,8 @@ def run_waterfall(
     k6_step : a step to also measure with k6 beside the course generator (:func:`tool_comparison`).
     same_rate_rps : after the climbs, run every step once at this offered rate (``min_requests``
         requests) for a like-for-like p99; ``same_rate_steps`` limits that to some steps.
-    generator_rates_rps : the rates of the generator's own limit (``generator_limit`` on a null server).
+    generator_rates_rps : the rates of the generator's own limit (``generator_limit`` on a null server,
+        each try at least 1 s and ``min_requests`` requests, as a rung).
     lifetime_s : every server exits by itself after this long.
     """
     n_repeats = integer("repeats", repeats, min=1)
@@ -219,7 +219,9 @@ def run_waterfall(
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(GeneratorPool(n_generators))
         with serve_null(lifetime_s=120) as null_url:
-            gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
+            gen_limit, _ = generator_limit(
+                pool, null_url, generator_rates_rps, duration_s=1.0, min_requests=min_requests
+            )
         commands = {k: production_command(cfg, server_cfg) for k in needed if (cfg := servers[k]) is not None}
         urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
         if "prototype" in needed:

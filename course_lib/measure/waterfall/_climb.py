@@ -47,10 +47,8 @@ from course_lib.core.checks import (
     positive_number,
 )
 from course_lib.measure.knee import MAX_ERROR_RATE, step_row
-from course_lib.measure.loadgen import LoadResult
+from course_lib.measure.loadgen import MIN_REQUESTS_P99, LoadResult
 
-#: Requests a rung needs to judge a p99: 10 / (1 - 0.99).
-MIN_REQUESTS_P99 = 1000
 #: Rungs of the ladder are this far apart (2 ** (1/4): four rungs per doubling).
 LADDER_RATIO = 2**0.25
 
@@ -77,24 +75,6 @@ def geometric_ladder(low_rps: float, high_rps: float, *, ratio: float = LADDER_R
     ratio = number("ratio", ratio, min=1, min_open=True)
     n = math.ceil(math.log(high / low) / math.log(ratio) - 1e-9) + 1
     return [float(f"{low * ratio**k:.3g}") for k in range(n)]
-
-
-def rung_duration_s(
-    rate_rps: float, *, min_requests: int = MIN_REQUESTS_P99, min_duration_s: float = 1.0
-) -> float:
-    """Seconds a rung at ``rate_rps`` lasts so that it holds ``min_requests`` requests (at least ``min_duration_s``).
-
-    Poisson arrivals put n +- sqrt(n) requests where n are expected, so the rung is sized for
-    ``min_requests + 3 sqrt(min_requests)``: fewer than ``min_requests`` then come about once in 700 rungs.
-
-    >>> round(rung_duration_s(50), 2)
-    21.9
-    >>> rung_duration_s(4000)
-    1.0
-    """
-    rate = positive_number("rate_rps", rate_rps)
-    n = integer("min_requests", min_requests, min=1)
-    return max(float(min_duration_s), (n + 3.0 * math.sqrt(n)) / rate)
 
 
 def start_rungs(

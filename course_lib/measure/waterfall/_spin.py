@@ -29,8 +29,7 @@ from course_lib.churn.data import DATA_DIR
 from course_lib.core.checks import distinct, integer, non_empty, number, positive_number
 from course_lib.measure.capacity_record import read_rows_measurement, write_measurement
 from course_lib.measure.generators import GeneratorPool
-from course_lib.measure.loadgen import SPIN_WINDOW_S
-from course_lib.measure.waterfall._climb import MIN_REQUESTS_P99
+from course_lib.measure.loadgen import MIN_REQUESTS_P99, SPIN_WINDOW_S
 from course_lib.measure.waterfall._tools import AGREEMENT_TOLERANCE, TOOLS, tool_agreement, tool_comparison
 
 RECORDED_TOOL_WIRE_P50 = DATA_DIR / "measurements" / "tool_wire_p50.json"

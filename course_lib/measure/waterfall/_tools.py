@@ -34,9 +34,8 @@ from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.knee import step_row
-from course_lib.measure.loadgen import SPIN_WINDOW_S
+from course_lib.measure.loadgen import MIN_REQUESTS_P99, SPIN_WINDOW_S, rung_duration_s
 from course_lib.measure.targets import WIRE_FIELD
-from course_lib.measure.waterfall._climb import MIN_REQUESTS_P99, rung_duration_s
 from course_lib.measure.waterfall._k6 import run_k6
 
 #: The two tools, in the order they take turns at repeat 0.

@@ -1,21 +1,4 @@
-"""Load-generator processes: a light HTTP target, several generator processes merged, and their own limit.
-
-A load generator is a program like any other: on a busy machine it falls behind its schedule, and
-then the "latency" it reports is its own lateness. Three tools keep it honest:
-
-* every process sends with ``course_lib.measure.targets.wire_target`` (the wire client of
-  ``course_lib.measure.targets.wire_client``: httptools' C parser on asyncio protocols, a keep-alive
-  connection pool warmed before the run, each request timed on the wire as k6 times it) under uvloop:
-  several times cheaper per request than httpx, about a third of aiohttp's CPU per request
-  (``benchmarks/client_cpu.py``);
-* ``run_generators``: the same offered load split over ``n_processes`` generator processes (independent
-  Poisson streams at rate / n add up to a Poisson stream at the full rate), started at one common
-  instant, their per-request rows merged into one ``LoadResult`` (exact samples, never averaged
-  percentiles), each process separate from the server under test;
-* ``generator_limit``: the same generators against a null HTTP server (``serve_null``, an answer of
-  two bytes and no work, on the course's server runtime with its C parser and loop), climbing rates
-  until the send lag's p99 exceeds its bound, so every load test can print the highest rate its own
-  generator keeps up with.
+"""Generator processes: ``GeneratorPool`` runs one open-loop load from several processes and merges them.
 
 Every generator process exits within a fraction of a second of the process that started the pool
 (``course_lib.core._process.exit_with_parent``), even if that one is killed.
@@ -29,17 +12,14 @@ Python ``concurrent.futures.ProcessPoolExecutor`` with the ``spawn`` start metho
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import math
 import multiprocessing
 import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -47,29 +27,8 @@ import pandas as pd
 
 from course_lib.core._process import exit_with_parent
 from course_lib.core.checks import integer, number, positive_number
-from course_lib.measure.loadgen import SEND_LAG_BOUND_MS, SPIN_WINDOW_S, LoadResult, run_open_loop
+from course_lib.measure.loadgen import SPIN_WINDOW_S, LoadResult, run_open_loop
 from course_lib.measure.targets import wire_target
-from course_lib.serving.server import (
-    DEFAULTS,
-    add_arguments,
-    from_arguments,
-    run_processes,
-    serve_app,
-    to_argv,
-)
-
-__all__ = [
-    "GeneratorPool",
-    "generator_limit",
-    "generator_limit_text",
-    "merge_results",
-    "run_generators",
-    "serve_null",
-]
-
-_NULL_HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"2")]
-#: The null server: the C parser and loop, and a door wide enough never to refuse a generator's load.
-NULL_SERVER = DEFAULTS.replace(http="httptools", loop="uvloop", max_in_flight=100_000, max_connections=4096)
 
 
 def _warm_worker(parent_pid: int) -> None:
@@ -284,127 +243,3 @@ def run_generators(
     """One run from a fresh ``GeneratorPool(n_processes)``; see ``GeneratorPool.run`` for the arguments."""
     with GeneratorPool(n_processes) as pool:
         return pool.run(url, payloads, **run_kwargs)
-
-
-async def _null_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """ASGI app answering every HTTP request with 200 ``{}`` and doing nothing else."""
-    if scope["type"] == "lifespan":
-        while (message := await receive())["type"] != "lifespan.shutdown":
-            await send({"type": message["type"] + ".complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
-    await send({"type": "http.response.start", "status": 200, "headers": _NULL_HEADERS})
-    await send({"type": "http.response.body", "body": b"{}"})
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m course_lib.measure.generators --port P [ServerConfig flags]``: the null server."""
-    parser = argparse.ArgumentParser(description="Null HTTP server on 127.0.0.1 (200 {} to everything)")
-    parser.add_argument("--port", type=int, required=True)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    serve_app(_null_app, port=args.port, config=from_arguments(args))
-
-
-@contextmanager
-def serve_null(*, lifetime_s: float = 120.0) -> Iterator[str]:
-    """A null HTTP server in a subprocess on 127.0.0.1 (answers 200 ``{}`` at once); yields its URL.
-
-    It runs on the course's server runtime (``NULL_SERVER``: httptools + uvloop, every guard and
-    limit of the other servers) and exits when the ``with`` block ends, after ``lifetime_s`` seconds,
-    or when this process dies.
-
-    Raises
-    ------
-    RuntimeError
-        If it is not ready within 20 s (with the end of its log).
-    """
-    config = NULL_SERVER.replace(lifetime_s=lifetime_s)
-    command = [sys.executable, "-m", "course_lib.measure.generators", *to_argv(config)]
-    with run_processes({"null": command}, startup_timeout_s=20.0) as urls:
-        yield urls["null"]
-
-
-def generator_limit(
-    pool: GeneratorPool,
-    null_url: str,
-    rates_rps: Iterable[float],
-    *,
-    duration_s: float = 1.0,
-    lag_bound_ms: float = SEND_LAG_BOUND_MS,
-    retries: int = 1,
-    on_run: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[float, pd.DataFrame]:
-    """Climb ``rates_rps`` against the null server until the generator's send-lag p99 exceeds the bound.
-
-    A rate that misses is tried again (``retries`` times, next seed): one descheduling of a process on
-    a busy laptop should not end the climb, but a rate that misses every try does.
-
-    Returns
-    -------
-    (limit_rps, table)
-        ``limit_rps``: the highest offered rate with a try whose send-lag p99 was within
-        ``lag_bound_ms`` and whose every request succeeded, every lower rate having had one too (0.0 if
-        none). ``table``: one ``LoadResult.summary()`` row per try (``attempt`` 1, 2, ...), stopping at
-        the first rate whose every try missed.
-
-    Raises
-    ------
-    ValueError
-        For a negative ``retries``.
-    """
-    retries = integer("retries", retries, min=0)
-    rows = []
-    limit = 0.0
-    for rate in sorted(float(r) for r in rates_rps):
-        for attempt in range(1, retries + 2):
-            seed = int(rate) + 7919 * (attempt - 1)
-            result = pool.run(null_url, [{}], rate_rps=rate, duration_s=duration_s, seed=seed)
-            row = {"attempt": attempt, **result.summary(lag_bound_ms=lag_bound_ms)}
-            rows.append(row)
-            if on_run is not None:
-                on_run(row)
-            if row["generator_ok"] and row["errors"] == 0:
-                limit = rate
-                break
-        else:
-            break
-    return limit, pd.DataFrame(rows)
-
-
-def generator_limit_text(limit_rps: float, lowest_rps: float, highest_rps: float | None = None) -> str:
-    """``generator_limit``'s answer in words: the rate, or that no rate tried met the bound.
-
-    Parameters
-    ----------
-    limit_rps : float >= 0
-        The limit :func:`generator_limit` returned (0.0 when even its lowest rate missed).
-    lowest_rps : float > 0
-        The lowest rate that climb tried.
-    highest_rps : float > 0, optional
-        The highest rate it tried: a limit that reaches it is a lower bound, and the text says so.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For a negative limit or a lowest or highest rate that is not a finite number > 0.
-
-    Examples
-    --------
-    >>> generator_limit_text(2000.0, 250.0)
-    '2,000 req/s'
-    >>> generator_limit_text(4000.0, 250.0, 4000.0)
-    '4,000 req/s (the highest rate tried: at least that)'
-    >>> generator_limit_text(0.0, 250.0)
-    'not measured: no rate tried met the bound (the lowest was 250 req/s)'
-    """
-    limit_rps = positive_number("limit_rps", limit_rps, allow_zero=True)
-    lowest_rps = positive_number("lowest_rps", lowest_rps)
-    top = highest_rps is not None and limit_rps >= positive_number("highest_rps", highest_rps)
-    if limit_rps > 0:
-        return f"{limit_rps:,.0f} req/s" + (" (the highest rate tried: at least that)" if top else "")
-    return f"not measured: no rate tried met the bound (the lowest was {lowest_rps:,.0f} req/s)"
-
-
-if __name__ == "__main__":
-    main()
