@@ -21,7 +21,13 @@ from course_lib.measure.coordinated_omission import (
     run_closed_loop,
     stall_vector,
 )
-from course_lib.measure.generators import GeneratorPool, generator_limit, merge_results, serve_null
+from course_lib.measure.generators import (
+    GeneratorPool,
+    generator_limit,
+    generator_limit_text,
+    merge_results,
+    serve_null,
+)
 from course_lib.measure.histograms import (
     hdr_from_samples,
     hdr_percentile_ms,
@@ -402,6 +408,63 @@ def test_generator_limit_retries_a_missed_rate_once_and_stops_where_every_try_mi
         generator_limit(FakePool(), "http://unused", [100], min_requests=0)
     with pytest.raises(ValueError, match="duration_s"):
         generator_limit(FakePool(), "http://unused", [100], duration_s=0)
+
+
+class _NoRunPool:
+    def run(self, *args, **kwargs):
+        raise AssertionError("a refused climb must send nothing")
+
+
+@pytest.mark.parametrize(
+    ("rates", "kwargs", "message"),
+    [
+        ([], {}, "rates_rps must be non-empty"),
+        ("123", {}, "rates_rps must be a list of rates"),
+        ([100, math.nan], {}, r"rates_rps\[1\] must be a finite number"),
+        ([math.inf], {}, r"rates_rps\[0\]"),
+        ([True], {}, r"rates_rps\[0\]"),
+        (["100"], {}, r"rates_rps\[0\]"),
+        ([-100], {}, r"rates_rps\[0\] must be .*> 0"),
+        ([1e12], {}, r"rates_rps\[0\] must be .*1e\+06|1,000,000|1000000"),
+        ([100, 100], {}, "rates_rps must not repeat"),
+        ([100], {"lag_bound_ms": 0}, "lag_bound_ms"),
+        ([100], {"lag_bound_ms": "1"}, "lag_bound_ms"),
+        ([100], {"on_run": 5}, "on_run must be callable"),
+        ([1], {"min_requests": 10**6}, r"would last 1,003,000 s, over max_try_s=60"),
+        ([0.01, 500], {}, "start at a higher rate"),
+    ],
+)
+def test_generator_limit_refuses_bad_arguments_before_sending(rates, kwargs, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        generator_limit(_NoRunPool(), "http://unused", rates, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [((2000, 250, 1000), "in \\[250, 1000\\] req/s, got 2000"), ((500, 1000), "got 500"), ((0.4, 250), "got 0.4"),
+     ((0, 250, 100), "highest_rps")],
+)  # fmt: skip
+def test_generator_limit_text_refuses_a_limit_no_climb_returns(args, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        generator_limit_text(*args)
+
+
+def test_the_null_server_command_starts_what_serve_null_starts(monkeypatch):
+    from course_lib.measure.generators import NULL_SERVER, _null
+
+    started = {}
+    monkeypatch.setattr(
+        _null, "serve_app", lambda app, *, port, config: started.update(port=port, config=config)
+    )
+    _null.main(["--port", "8123"])
+    assert started == {"port": 8123, "config": NULL_SERVER}
+    for bad in ("70000", "0", "x"):
+        done = subprocess.run(
+            [sys.executable, "-m", "course_lib.measure.generators", "--port", bad],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and "must be an integer in 1..65535" in done.stderr, done.stderr
+        assert done.stderr.startswith("usage: python -m course_lib.measure.generators")
 
 
 def test_knees_beside_generator_words_each_case():

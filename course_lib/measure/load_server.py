@@ -43,6 +43,7 @@ from course_lib.serving.server import (
     ServerConfig,
     add_arguments,
     from_arguments,
+    port_number,
     run_processes,
     serve_app,
     to_argv,
@@ -103,7 +104,7 @@ def _build_app(config: ServerConfig, json_encoder: str):
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m course_lib.measure.load_server --port P [--json-encoder ..] [ServerConfig flags]``."""
     parser = argparse.ArgumentParser(description="Churn server for load tests, on 127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=port_number, required=True)
     parser.add_argument("--json-encoder", choices=JSON_ENCODERS, default="json")
     add_arguments(parser)
     args = parser.parse_args(argv)

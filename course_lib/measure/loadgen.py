@@ -91,10 +91,13 @@ def rung_duration_s(
     21.9
     >>> rung_duration_s(4000)
     1.0
+
+    Raises ``InvalidArgumentError`` (a ``ValueError``) for a rate or ``min_duration_s`` that is not a finite
+    number > 0, or ``min_requests`` < 1.
     """
-    rate = positive_number("rate_rps", rate_rps)
+    rate = positive_number("rate_rps", rate_rps, unit="req/s")
     n = integer("min_requests", min_requests, min=1)
-    return max(float(min_duration_s), (n + 3.0 * math.sqrt(n)) / rate)
+    return max(positive_number("min_duration_s", min_duration_s, unit="s"), (n + 3.0 * math.sqrt(n)) / rate)
 
 
 @dataclass(frozen=True)

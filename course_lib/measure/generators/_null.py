@@ -19,26 +19,39 @@ The 10 / (1 - q) rule: ``course_lib.core.percentiles.samples_needed``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import fields
 from typing import Any
 
 import pandas as pd
 
-from course_lib.core.checks import integer, positive_number
+from course_lib.core.checks import (
+    InvalidArgumentError,
+    callable_,
+    distinct,
+    integer,
+    non_empty,
+    number,
+    positive_number,
+)
 from course_lib.measure.generators._pool import GeneratorPool
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, SEND_LAG_BOUND_MS, rung_duration_s
 from course_lib.serving.server import (
     DEFAULTS,
     add_arguments,
     from_arguments,
+    port_number,
     run_processes,
     serve_app,
     to_argv,
 )
 
 _NULL_HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+#: Offered rates above this are refused: far beyond what a generator process on one machine sends (req/s).
+MAX_RATE_RPS = 1_000_000.0
 #: The null server: the C parser and loop, and a door wide enough never to refuse a generator's load.
 NULL_SERVER = DEFAULTS.replace(http="httptools", loop="uvloop", max_in_flight=100_000, max_connections=4096)
 
@@ -56,9 +69,13 @@ async def _null_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m course_lib.measure.generators --port P [ServerConfig flags]``: the null server."""
-    parser = argparse.ArgumentParser(description="Null HTTP server on 127.0.0.1 (200 {} to everything)")
-    parser.add_argument("--port", type=int, required=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.measure.generators",
+        description="Null HTTP server on 127.0.0.1 (200 {} to everything); its defaults are NULL_SERVER's",
+    )
+    parser.add_argument("--port", type=port_number, required=True)
     add_arguments(parser)
+    parser.set_defaults(**{f.name: getattr(NULL_SERVER, f.name) for f in fields(NULL_SERVER)})
     args = parser.parse_args(argv)
     serve_app(_null_app, port=args.port, config=from_arguments(args))
 
@@ -91,6 +108,7 @@ def generator_limit(
     min_requests: int = MIN_REQUESTS_P99,
     lag_bound_ms: float = SEND_LAG_BOUND_MS,
     retries: int = 1,
+    max_try_s: float = 60.0,
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[float, pd.DataFrame]:
     """Climb ``rates_rps`` against the null server until the generator's send-lag p99 exceeds the bound.
@@ -102,10 +120,14 @@ def generator_limit(
 
     Parameters
     ----------
-    rates_rps : offered rates (req/s), climbed from the lowest.
+    rates_rps : distinct offered rates (req/s) in (0, 1,000,000], at least one; climbed from the lowest.
     duration_s : float > 0, the shortest try (s).
     min_requests : int >= 1, the requests a try holds at least (1,000 judge a p99: 10 / (1 - 0.99)).
     lag_bound_ms : float > 0, the send-lag p99 bound (ms).
+    retries : int >= 0, more tries of a rate that missed.
+    max_try_s : float > 0, the longest try allowed (s): the arguments are refused, before anything is
+        sent, when the lowest rate's try would last longer (60 s: 1,000 requests at 17 req/s).
+    on_run : callable, optional, called with each try's row as it ends.
 
     Returns
     -------
@@ -117,15 +139,31 @@ def generator_limit(
 
     Raises
     ------
-    ValueError
-        For a negative ``retries``, ``min_requests`` < 1 or ``duration_s`` not > 0.
+    InvalidArgumentError (a ValueError)
+        For any argument outside what is allowed above, before anything is sent.
     """
+    if isinstance(rates_rps, str | bytes):
+        raise InvalidArgumentError(f"rates_rps must be a list of rates (req/s), got {rates_rps!r}")
+    rates = distinct("rates_rps", sorted(
+        number(f"rates_rps[{i}]", r, min=0, min_open=True, max=MAX_RATE_RPS, unit="req/s")
+        for i, r in enumerate(non_empty("rates_rps", list(rates_rps)))
+    ))  # fmt: skip
     retries = integer("retries", retries, min=0)
     min_requests = integer("min_requests", min_requests, min=1)
-    duration_s = positive_number("duration_s", duration_s)
+    duration_s = positive_number("duration_s", duration_s, unit="s")
+    lag_bound_ms = positive_number("lag_bound_ms", lag_bound_ms, unit="ms")
+    max_try_s = positive_number("max_try_s", max_try_s, unit="s")
+    if on_run is not None:
+        callable_("on_run", on_run)
+    longest_s = rung_duration_s(rates[0], min_requests=min_requests, min_duration_s=duration_s)
+    if longest_s > max_try_s:
+        raise InvalidArgumentError(
+            f"a try at rates_rps {rates[0]:g} req/s holding min_requests={min_requests} would last {longest_s:,.0f} s, "
+            f"over max_try_s={max_try_s:g}: start at a higher rate, or ask for fewer requests"
+        )
     rows = []
     limit = 0.0
-    for rate in sorted(float(r) for r in rates_rps):
+    for rate in rates:
         for attempt in range(1, retries + 2):
             seed = int(rate) + 7919 * (attempt - 1)
             seconds = rung_duration_s(rate, min_requests=min_requests, min_duration_s=duration_s)
@@ -157,7 +195,8 @@ def generator_limit_text(limit_rps: float, lowest_rps: float, highest_rps: float
     Raises
     ------
     InvalidArgumentError
-        For a negative limit or a lowest or highest rate that is not a finite number > 0.
+        For a negative limit, a lowest or highest rate that is not a finite number > 0, a highest rate below the
+        lowest, or a limit that no climb over them returns (> 0 but below the lowest, or above the highest).
 
     Examples
     --------
@@ -170,7 +209,12 @@ def generator_limit_text(limit_rps: float, lowest_rps: float, highest_rps: float
     """
     limit_rps = positive_number("limit_rps", limit_rps, allow_zero=True)
     lowest_rps = positive_number("lowest_rps", lowest_rps)
-    top = highest_rps is not None and limit_rps >= positive_number("highest_rps", highest_rps)
+    highest = math.inf if highest_rps is None else number("highest_rps", highest_rps, min=lowest_rps)
+    if 0 < limit_rps < lowest_rps or limit_rps > highest:
+        raise InvalidArgumentError(
+            f"limit_rps must be 0 or a rate tried, in [{lowest_rps:g}, {highest:g}] req/s, got {limit_rps:g}"
+        )
+    top = limit_rps == highest
     if limit_rps > 0:
         return f"{limit_rps:,.0f} req/s" + (" (the highest rate tried: at least that)" if top else "")
     return f"not measured: no rate tried met the bound (the lowest was {lowest_rps:,.0f} req/s)"

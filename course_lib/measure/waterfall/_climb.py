@@ -113,7 +113,7 @@ def interleaved_climb(
     Parameters
     ----------
     run_step : callable (step, rate_rps) -> LoadResult
-        One open-loop run of a step at a rate (the caller sizes it with :func:`rung_duration_s`).
+        One open-loop run of a step at a rate (the caller sizes it with ``course_lib.measure.loadgen.rung_duration_s``).
     steps : names, in the order they take turns at ``repeat`` 0; repeat r starts r places later.
     ladder_rps : increasing offered rates (requests/s).
     start_rps : step -> the rung it starts at (default the first); rungs below are taken as met.

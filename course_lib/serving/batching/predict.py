@@ -65,6 +65,7 @@ from course_lib.serving.server import (
     ServerURLs,
     add_arguments,
     from_arguments,
+    port_number,
     run_processes,
     serve_app,
     split_config,
@@ -366,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command line: serve the batched churn app on 127.0.0.1 (``--port``) for a bounded time."""
     parser = argparse.ArgumentParser(description="Churn scoring with dynamic batching on 127.0.0.1")
     parser.add_argument("--runtime", choices=RUNTIMES, default="xgboost")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("--lookup", default="cached", help="indexed, unindexed or cached")
     parser.add_argument("--n-customers", type=int, default=DEFAULT_N_CUSTOMERS)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)

@@ -49,6 +49,7 @@ from course_lib.serving.server import (
     ServerConfig,
     add_arguments,
     from_arguments,
+    port_number,
     serve_app,
 )
 
@@ -60,7 +61,7 @@ def parse_arguments(
 ) -> tuple[argparse.Namespace, ProductionConfig, ServerConfig]:
     """The command line: ``--port``, one flag per ``ProductionConfig`` lever, the ``ServerConfig`` flags."""
     parser = argparse.ArgumentParser(description="The production churn service on 127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=port_number, required=True)
     parser.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime")
     parser.add_argument("--forward", choices=FORWARD_MODES, default="auto")
     parser.add_argument("--encoder", choices=ENCODERS, default="orjson")

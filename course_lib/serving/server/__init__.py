@@ -23,6 +23,7 @@ from course_lib.serving.server._config import (
     ServerConfig,
     add_arguments,
     from_arguments,
+    port_number,
     split_config,
     to_argv,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "from_arguments",
     "guarded_protocol",
     "listening_socket",
+    "port_number",
     "request_deadline",
     "run_processes",
     "serve_app",

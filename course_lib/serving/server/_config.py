@@ -180,6 +180,17 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def port_number(text: str) -> int:
+    """``argparse`` type of a server's ``--port``: an integer in 1..65535, or a usage error that says so."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..65535, got {text!r}")
+    return port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add one flag per ``ServerConfig`` field (``--max-batch-size``, ``--dedup/--no-dedup``, ...)."""
     for f in fields(ServerConfig):
