@@ -205,7 +205,7 @@ def run_waterfall(
     same_rate_rps : after the climbs, run every step once at this offered rate (``min_requests``
         requests) for a like-for-like p99; ``same_rate_steps`` limits that to some steps.
     generator_rates_rps : the rates of the generator's own limit (``generator_limit`` on a null server,
-        each try at least 1 s and ``min_requests`` requests, as a rung).
+        each try at least 1 s and 1,000 requests, whatever ``min_requests`` a rung holds).
     lifetime_s : every server exits by itself after this long.
     """
     n_repeats = integer("repeats", repeats, min=1)
@@ -219,9 +219,7 @@ def run_waterfall(
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(GeneratorPool(n_generators))
         with serve_null(lifetime_s=120) as null_url:
-            gen_limit, _ = generator_limit(
-                pool, null_url, generator_rates_rps, duration_s=1.0, min_requests=min_requests
-            )
+            gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
         commands = {k: production_command(cfg, server_cfg) for k in needed if (cfg := servers[k]) is not None}
         urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
         if "prototype" in needed:
