@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core.checks import integer, number, positive_number
-from course_lib.core.percentiles import percentiles
+from course_lib.core.percentiles import percentiles, samples_needed
 from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import poisson_arrivals_ms
 
@@ -52,8 +52,8 @@ Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
 SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
 #: How every request ends: answered (2xx), shed by the server (429/503), timed out, or another error.
 OUTCOMES: tuple[str, ...] = ("ok", "shed", "timeout", "error")
-#: Requests a run needs to judge a p99: 10 / (1 - 0.99) (``course_lib.core.percentiles.samples_needed``).
-MIN_REQUESTS_P99 = 1000
+#: Requests a run needs to judge a p99: 10 / (1 - 0.99) = 1,000 (``course_lib.core.percentiles.samples_needed``).
+MIN_REQUESTS_P99 = samples_needed(99)
 #: Send lag (actual - scheduled send time) p99 above this flags a run as generator-bound (ms).
 SEND_LAG_BOUND_MS = 1.0
 #: Default ``spin_s`` of a generator in its own process (``course_lib.measure.generators``): it sleeps on the
