@@ -419,7 +419,7 @@ class _NoRunPool:
     ("rates", "kwargs", "message"),
     [
         ([], {}, "rates_rps must be non-empty"),
-        ("123", {}, "rates_rps must be a list of rates"),
+        ("123", {}, "rates_rps must be a list or tuple or range"),
         ([100, math.nan], {}, r"rates_rps\[1\] must be a finite number"),
         ([math.inf], {}, r"rates_rps\[0\]"),
         ([True], {}, r"rates_rps\[0\]"),

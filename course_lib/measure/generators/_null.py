@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any
@@ -32,6 +32,7 @@ from course_lib.core.checks import (
     InvalidArgumentError,
     callable_,
     distinct,
+    instance_of,
     integer,
     non_empty,
     number,
@@ -102,7 +103,7 @@ def serve_null(*, lifetime_s: float = 120.0) -> Iterator[str]:
 def generator_limit(
     pool: GeneratorPool,
     null_url: str,
-    rates_rps: Iterable[float],
+    rates_rps: Sequence[float],
     *,
     duration_s: float = 1.0,
     min_requests: int = MIN_REQUESTS_P99,
@@ -120,7 +121,8 @@ def generator_limit(
 
     Parameters
     ----------
-    rates_rps : distinct offered rates (req/s) in (0, 1,000,000], at least one; climbed from the lowest.
+    rates_rps : list, tuple or range of distinct offered rates (req/s) in (0, 1,000,000], at least one; climbed from
+        the lowest.
     duration_s : float > 0, the shortest try (s).
     min_requests : int >= 1, the requests a try holds at least (1,000 judge a p99: 10 / (1 - 0.99)).
     lag_bound_ms : float > 0, the send-lag p99 bound (ms).
@@ -142,11 +144,11 @@ def generator_limit(
     InvalidArgumentError (a ValueError)
         For any argument outside what is allowed above, before anything is sent.
     """
-    if isinstance(rates_rps, str | bytes):
-        raise InvalidArgumentError(f"rates_rps must be a list of rates (req/s), got {rates_rps!r}")
+    listed: list[object] = list(
+        non_empty("rates_rps", instance_of("rates_rps", rates_rps, (list, tuple, range)))
+    )
     rates = distinct("rates_rps", sorted(
-        number(f"rates_rps[{i}]", r, min=0, min_open=True, max=MAX_RATE_RPS, unit="req/s")
-        for i, r in enumerate(non_empty("rates_rps", list(rates_rps)))
+        number(f"rates_rps[{i}]", r, min=0, min_open=True, max=MAX_RATE_RPS, unit="req/s") for i, r in enumerate(listed)
     ))  # fmt: skip
     retries = integer("retries", retries, min=0)
     min_requests = integer("min_requests", min_requests, min=1)
