@@ -432,6 +432,7 @@ class _NoRunPool:
         ([100], {"on_run": 5}, "on_run must be callable"),
         ([1], {"min_requests": 10**6}, r"would last 1,003,000 s, over max_try_s=60"),
         ([0.01, 500], {}, "start at a higher rate"),
+        ([500], {"duration_s": 100.0}, r"duration_s=100 would last 100 s, over max_try_s=60"),
     ],
 )
 def test_generator_limit_refuses_bad_arguments_before_sending(rates, kwargs, message):

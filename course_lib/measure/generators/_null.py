@@ -160,8 +160,9 @@ def generator_limit(
     longest_s = rung_duration_s(rates[0], min_requests=min_requests, min_duration_s=duration_s)
     if longest_s > max_try_s:
         raise InvalidArgumentError(
-            f"a try at rates_rps {rates[0]:g} req/s holding min_requests={min_requests} would last {longest_s:,.0f} s, "
-            f"over max_try_s={max_try_s:g}: start at a higher rate, or ask for fewer requests"
+            f"a try at {rates[0]:g} req/s (the lowest of rates_rps) with min_requests={min_requests} and "
+            f"duration_s={duration_s:g} would last {longest_s:,.0f} s, over max_try_s={max_try_s:g}: start at a "
+            "higher rate, or ask for fewer requests or a shorter duration_s"
         )
     rows = []
     limit = 0.0
