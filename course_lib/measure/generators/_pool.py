@@ -1,13 +1,7 @@
 """Generator processes: ``GeneratorPool`` runs one open-loop load from several processes and merges them.
 
-Every generator process exits within a fraction of a second of the process that started the pool
-(``course_lib.core._process.exit_with_parent``), even if that one is killed.
-
-References
-----------
-Gil Tene, "How NOT to measure latency" (coordinated omission, generator lag).
-httptools and uvloop documentation; k6 documentation, "Built-in metrics" (``http_req_duration``).
-Python ``concurrent.futures.ProcessPoolExecutor`` with the ``spawn`` start method.
+Why several processes, how they exit with their parent, and the sources: the package docstring
+(``course_lib.measure.generators``).
 """
 
 from __future__ import annotations
