@@ -10,6 +10,7 @@ few times what the server needs (tens of MB), far below what the unbounded cases
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import sys
@@ -173,6 +174,39 @@ def test_pipelining_without_reading_keeps_memory_bounded(server):
         stop.set()
         sock.close()
         sender.join(10)
+
+
+def read_answers(sock: socket.socket, n: int) -> bytes:
+    """Read until ``n`` answers (status lines) have come and the last JSON body is complete."""
+    data = b""
+    while data.count(b"HTTP/1.1 ") < n or not data.endswith(b"}"):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data.count(b'HTTP/1.1 ')} of {n} answers"
+        data += chunk
+    return data
+
+
+def test_requests_past_the_pipeline_depth_get_a_429_that_says_why_then_a_close(server, servers):
+    """h11 pauses reading and answers every request; httptools answers the queued ones, then 429."""
+    url, _ = server
+    httptools = servers["httptools"] == url
+    burst = request() * 2_000  # ~240 KB sent at once: the first read holds far more than the depth
+    with connect(url) as sock:
+        sender = threading.Thread(target=sock.sendall, args=(burst,), daemon=True)
+        sender.start()
+        answers = read_until_closed(sock) if httptools else read_answers(sock, 2_000)
+        sender.join(10)
+    statuses = [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)]
+    if not httptools:
+        assert statuses == [200] * 2_000
+    else:
+        # the one answered at once, the queued ones, then the refusal, in order; nothing after it
+        assert statuses == [200] * (1 + DEFAULTS.max_pipeline_depth) + [429], statuses[-3:]
+        refusal = answers.split(b"HTTP/1.1 429 ")[1]
+        assert b"connection: close" in refusal.lower()
+        body = json.loads(refusal.split(b"\r\n\r\n", 1)[1])
+        assert body["error"] == "pipeline_too_deep" and str(DEFAULTS.max_pipeline_depth) in body["message"]
+    assert serving(url)
 
 
 @pytest.mark.parametrize("declared", [400 * 2**20, None], ids=["huge", "chunked"])

@@ -39,7 +39,8 @@ Where the defaults come from
   would refuse everything behind one slow request (the idea of CoDel's target sojourn time, RFC 8289).
 * ``max_pipeline_depth`` 16: requests one connection may queue behind the one being answered
   (HTTP/1.1 pipelining); beyond that the server stops reading the connection, answers what it
-  holds and closes it (RFC 9112 section 9.3.2: the client retries the rest).
+  holds, answers the next one 429 ``pipeline_too_deep`` and closes it (RFC 9112 section 9.3.2: the
+  client retries the rest).
 * ``max_body_bytes`` 1 MiB: no course endpoint takes more (the churn body is ~30 bytes; the app
   refuses over 16 KiB itself); a larger body is refused 413 after at most ``max_drain_bytes`` 8 MiB
   have been read and thrown away, so the client can read its answer.

@@ -8,7 +8,9 @@ One concept: :class:`Door`, a pure ASGI middleware (Starlette's middleware style
   server could read differently, request smuggling; 400 and the connection closed, so bytes after
   the body are never read as a request), no ``Content-Encoding`` other than ``identity`` and no
   ``Transfer-Encoding`` other than ``chunked`` (415: nothing here decodes gzip, so it would be
-  scored as garbage), a declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400);
+  scored as garbage), a declared body within ``max_body_bytes`` (413), a well-formed ``x-request-timeout-ms`` if any (400),
+  and not the first request past its connection's ``max_pipeline_depth`` (429 and the connection
+  closed, RFC 6585 section 4; see :mod:`course_lib.serving.server._protocols`);
 * **admission**: at most ``max_in_flight`` requests of this process are admitted at once (counted
   from the door to their last byte, across at least one event-loop pass, so requests that arrived
   together are counted together even when the app's handler never yields); one more is answered 503
@@ -58,7 +60,7 @@ from http import HTTPStatus
 from typing import Any
 
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
-from course_lib.serving.server._protocols import CONNECTION_EXTENSION
+from course_lib.serving.server._protocols import CONNECTION_EXTENSION, PIPELINE_OVERFLOW_EXTENSION
 from course_lib.serving.server._request import _CURRENT, DoorCounters, Refusal, _Exchange
 
 #: The request header carrying the client's timeout in ms (the idea of Envoy's expected-timeout header).
@@ -104,6 +106,14 @@ class Door:
 
     # -- the head -------------------------------------------------------------------------------------
     def _check_head(self, scope: dict[str, Any]) -> tuple[Refusal | None, float | None]:
+        depth = scope.get("extensions", {}).get(PIPELINE_OVERFLOW_EXTENSION)
+        if depth is not None:
+            return Refusal(
+                429,
+                "pipeline_too_deep",
+                f"more than {depth} requests were pipelined on one connection; this connection closes "
+                "and the requests sent after this one are not answered: send them again on a new connection",
+            ), None
         hosts, encodings, length, timeout, transfer_encoded = [], [], None, None, False
         for name, value in scope.get("headers", ()):
             if name == b"host":
@@ -166,8 +176,11 @@ class Door:
                 return await self.app(scope, receive, send)
             counters.requests += 1
             if refusal is not None:
-                # a client that waits for 100 Continue sends no body: answer now, never ask for it
-                waiting = any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"])
+                # a client that waits for 100 Continue sends no body: answer now, never ask for it;
+                # nor is a body read past the pipeline depth (the connection has stopped reading)
+                waiting = refusal.error == "pipeline_too_deep" or any(
+                    k == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"]
+                )
                 exchange.body_done = exchange.body_done or waiting
                 await self._refuse(exchange, refusal, receive, send, close=waiting)
             elif counters.in_flight >= config.max_in_flight:

@@ -15,8 +15,10 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   them as bytes, httptools as parsed request objects). Reading pauses while more than
   ``PIPELINE_BUFFER_BYTES`` (h11) or ``max_pipeline_depth`` requests (httptools) wait; httptools parses
   a whole read (up to 256 KiB) at once, so requests past the depth in that read are not queued: the
-  connection is closed after the queued ones are answered (RFC 9112 section 9.3.2: a client retries
-  unanswered pipelined requests on a new connection);
+  first of them is marked (``scope["extensions"]["course.pipeline_overflow"]``, the depth) and the
+  runtime's door answers it 429 ``pipeline_too_deep`` with ``Connection: close`` after the queued
+  ones, and the requests after it are not answered (RFC 9112 section 9.3.2: a client retries
+  unanswered pipelined requests on a new connection; section 9.6: none are read after a close);
 * a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
   object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
   the client has closed its side, so work for a client that left can be dropped right before it
@@ -44,6 +46,8 @@ from course_lib.serving.server._config import DEFAULTS, ServerConfig
 
 #: Key of the connection handle in ``scope["extensions"]``.
 CONNECTION_EXTENSION = "course.connection"
+#: Key in ``scope["extensions"]`` of the first request past ``max_pipeline_depth`` (value: the depth).
+PIPELINE_OVERFLOW_EXTENSION = "course.pipeline_overflow"
 #: Unparsed bytes (pipelined requests) an h11 connection may hold before reading pauses.
 PIPELINE_BUFFER_BYTES = 65_536
 #: Largest request line plus headers accepted by the httptools protocol (h11's own default, 16 KiB).
@@ -219,12 +223,16 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         self._disarm()
         queued = len(self.pipeline)
         super().on_headers_complete()
-        if len(self.pipeline) > queued and (self._overflow or queued >= self._max_pipeline_depth):
-            self.pipeline.popleft()  # beyond the depth: never queued, never answered
-            if not self._overflow:
-                self._overflow = True
-                self.flow.pause_reading()
-                self.pipeline[0][0].keep_alive = False  # (cycle, app): close after the last queued answer
+        if len(self.pipeline) > queued and self._overflow:
+            self.pipeline.popleft()  # after the refused one: never queued, never answered
+        elif len(self.pipeline) > queued and queued >= self._max_pipeline_depth:
+            # the first past the depth: kept, so the door answers it 429 and the connection closes
+            self._overflow = True
+            self.flow.pause_reading()
+            cycle = self.pipeline[0][0]  # (cycle, app)
+            cycle.keep_alive = False
+            scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]  # uvicorn's HTTPScope
+            scope.setdefault("extensions", {})[PIPELINE_OVERFLOW_EXTENSION] = self._max_pipeline_depth
         elif self._hold_reading():
             self.flow.pause_reading()
 
