@@ -462,6 +462,22 @@ def _processes_with_marker(marker: bytes) -> list[str]:
     return found
 
 
+def test_a_kernel_socket_counts_as_ready_only_once_it_listens(tmp_path):
+    """A bound socket not yet listening refuses connections, and the grader's sockets never retry."""
+    import socket
+
+    from course_lib.grading.manager import listening
+
+    path = str(tmp_path / "kernel-1")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(path)
+        assert not listening(os.getpid(), [path])
+        sock.listen()
+        assert listening(os.getpid(), [path])
+        assert not listening(os.getpid(), [path, str(tmp_path / "kernel-2")])
+    assert listening(-1, [path]), "no /proc entry to read: the sockets' existence has to do"
+
+
 @pytest.mark.parametrize("sandbox", MECHANISMS)
 def test_a_sandboxed_kernel_sees_only_its_scratch_copy_and_cannot_write_or_connect_out(tmp_path, sandbox):
     from course_lib.core.waiting import wait_until

@@ -11,7 +11,8 @@ manager:
   (:data:`~course_lib.grading.view.IPC_DIR`): TCP on the host's loopback is not reachable from a
   separate network namespace, and a host folder it could write to would let it fill the host's disk.
   The grader connects through ``/proc/<pid>/root``, the kernel process's view of its own file system,
-  after checking that each socket is a socket (not a link) and with reconnection off;
+  after checking that each socket is a socket (not a link) and already listening (:func:`listening`),
+  and with reconnection off;
 * every socket the grader opens to the kernel caps the size of a message it accepts and how many it
   queues (:data:`SOCKET_LIMITS`): a kernel cannot make the grader buffer gigabytes;
 * interrupts go over the control channel (``interrupt_mode = "message"``): a SIGINT sent to the
@@ -24,7 +25,7 @@ References
 jupyter_client 8 ``KernelManager`` (``format_kernel_cmd``, ``_async_post_start_kernel``, ``transport``
 and ``ip`` of ``ConnectionFileMixin``, ``_create_connected_socket``); ZeroMQ ``zmq_setsockopt(3)``
 (``ZMQ_MAXMSGSIZE``: a peer sending a larger message is disconnected; ``ZMQ_RCVHWM``;
-``ZMQ_RECONNECT_IVL`` -1: no reconnection); ``proc(5)`` (``/proc/PID/root``).
+``ZMQ_RECONNECT_IVL`` -1: no reconnection); ``proc(5)`` (``/proc/PID/root``, ``/proc/net/unix``).
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ from course_lib.grading.limits import Containment, contain, paused_processes, sa
 from course_lib.grading.sandbox import SandboxCheck, SandboxUnavailableError, find_sandbox, sandbox_command
 from course_lib.grading.view import GIB, IPC_DIR, MIB, kernel_view
 
-__all__ = ["SOCKET_LIMITS", "SandboxedKernelClient", "SandboxedKernelManager"]
+__all__ = ["SOCKET_LIMITS", "SandboxedKernelClient", "SandboxedKernelManager", "listening"]
 
+#: ``/proc/net/unix``'s flag of a listening socket (Linux ``include/linux/net.h``).
+_SO_ACCEPTCON = 0x10000
 #: Per channel: (largest message frame accepted, bytes; messages queued before more are dropped).
 SOCKET_LIMITS = {
     "shell": (16 * MIB, 16),
@@ -113,6 +116,36 @@ def _copy_seed(src: Path, dest: Path) -> None:
             _copy_seed(Path(entry.path), dest / entry.name)
         elif entry.is_file(follow_symlinks=False):
             shutil.copyfile(entry.path, dest / entry.name, follow_symlinks=False)
+
+
+def listening(pid: int, paths: list[str]) -> bool:
+    """True when every one of ``paths`` is a *listening* Unix socket in ``pid``'s network namespace.
+
+    A socket file exists from ``bind()``; ZeroMQ calls ``listen()`` right after, and a connection made
+    in between is refused. The grader's sockets to a sandboxed kernel never reconnect (see the module
+    docstring), so a connection made in that gap would stay dead and the kernel would never answer (seen once under load: nbclient's "didn't respond in 60 seconds"). Read from
+    ``/proc/<pid>/net/unix``: a listening socket has the ``__SO_ACCEPTCON`` flag (0x10000) and its
+    bound path in the last column (``proc(5)``). When that file cannot be read, the sockets' existence
+    has to do, and True is returned.
+
+    Parameters
+    ----------
+    pid : int
+        A process in the kernel's network namespace.
+    paths : list of str
+        Socket paths as the kernel bound them (inside its own root).
+    """
+    try:
+        with open(f"/proc/{pid}/net/unix") as fh:
+            rows = fh.read().splitlines()[1:]
+    except OSError:
+        return True
+    bound = set()
+    for row in rows:
+        fields = row.split(maxsplit=7)
+        if len(fields) == 8 and int(fields[3], 16) & _SO_ACCEPTCON:
+            bound.add(fields[7])
+    return all(path in bound for path in paths)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -264,8 +297,8 @@ class SandboxedKernelManager(AsyncKernelManager):
                         continue
                 except OSError:
                     continue
-                root = f"/proc/{pid}/root"
-                if all(self._is_socket(f"{root}{IPC_DIR}/kernel-{port}") for port in self.ports):
+                root, names = f"/proc/{pid}/root", [f"{IPC_DIR}/kernel-{port}" for port in self.ports]
+                if all(self._is_socket(f"{root}{name}") for name in names) and listening(pid, names):
                     return root
             await asyncio.sleep(0.05)
         raise TimeoutError(f"the sandboxed kernel's sockets did not appear within {self.startup_timeout_s} s")
