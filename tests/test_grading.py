@@ -462,20 +462,29 @@ def _processes_with_marker(marker: bytes) -> list[str]:
     return found
 
 
-def test_a_kernel_socket_counts_as_ready_only_once_it_listens(tmp_path):
-    """A bound socket not yet listening refuses connections, and the grader's sockets never retry."""
+def test_the_kernel_is_the_process_that_holds_its_sockets_once_they_listen(tmp_path):
+    """A socket bound but not listening refuses connections, and the grader's sockets never retry; a
+    child that shares the sandbox's namespaces but not the sockets (it may exit at any time) is not taken."""
     import socket
+    import subprocess
 
-    from course_lib.grading.manager import listening
+    from course_lib.grading.manager import holds_listening_sockets
 
     path = str(tmp_path / "kernel-1")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.bind(path)
-        assert not listening(os.getpid(), [path])
+        assert not holds_listening_sockets(os.getpid(), [path])
         sock.listen()
-        assert listening(os.getpid(), [path])
-        assert not listening(os.getpid(), [path, str(tmp_path / "kernel-2")])
-    assert listening(-1, [path]), "no /proc entry to read: the sockets' existence has to do"
+        assert holds_listening_sockets(os.getpid(), [path])
+        assert not holds_listening_sockets(os.getpid(), [path, str(tmp_path / "kernel-2")])
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        )
+        try:
+            assert not holds_listening_sockets(child.pid, [path]), "same namespaces, but not its socket"
+        finally:
+            child.communicate(b"")
+    assert not holds_listening_sockets(-1, [path]), "a process that has gone holds nothing"
 
 
 @pytest.mark.parametrize("sandbox", MECHANISMS)

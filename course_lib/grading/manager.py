@@ -10,9 +10,9 @@ manager:
 * the kernel binds its ZeroMQ ``ipc`` sockets in a small in-memory folder of its own
   (:data:`~course_lib.grading.view.IPC_DIR`): TCP on the host's loopback is not reachable from a
   separate network namespace, and a host folder it could write to would let it fill the host's disk.
-  The grader connects through ``/proc/<pid>/root``, the kernel process's view of its own file system,
-  after checking that each socket is a socket (not a link) and already listening (:func:`listening`),
-  and with reconnection off;
+  The grader connects through ``/proc/<pid>/root``, the kernel process's view of its own file system
+  (the process that holds the sockets, :func:`holds_listening_sockets`, not a short-lived child), after
+  checking that each socket is a socket (not a link) and already listening, and with reconnection off;
 * every socket the grader opens to the kernel caps the size of a message it accepts and how many it
   queues (:data:`SOCKET_LIMITS`): a kernel cannot make the grader buffer gigabytes;
 * interrupts go over the control channel (``interrupt_mode = "message"``): a SIGINT sent to the
@@ -25,7 +25,7 @@ References
 jupyter_client 8 ``KernelManager`` (``format_kernel_cmd``, ``_async_post_start_kernel``, ``transport``
 and ``ip`` of ``ConnectionFileMixin``, ``_create_connected_socket``); ZeroMQ ``zmq_setsockopt(3)``
 (``ZMQ_MAXMSGSIZE``: a peer sending a larger message is disconnected; ``ZMQ_RCVHWM``;
-``ZMQ_RECONNECT_IVL`` -1: no reconnection); ``proc(5)`` (``/proc/PID/root``, ``/proc/net/unix``).
+``ZMQ_RECONNECT_IVL`` -1: no reconnection); ``proc(5)`` (``/proc/PID/root``, ``/proc/PID/fd``, ``/proc/net/unix``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from course_lib.grading.limits import Containment, contain, paused_processes, sa
 from course_lib.grading.sandbox import SandboxCheck, SandboxUnavailableError, find_sandbox, sandbox_command
 from course_lib.grading.view import GIB, IPC_DIR, MIB, kernel_view
 
-__all__ = ["SOCKET_LIMITS", "SandboxedKernelClient", "SandboxedKernelManager", "listening"]
+__all__ = ["SOCKET_LIMITS", "SandboxedKernelClient", "SandboxedKernelManager", "holds_listening_sockets"]
 
 #: ``/proc/net/unix``'s flag of a listening socket (Linux ``include/linux/net.h``).
 _SO_ACCEPTCON = 0x10000
@@ -118,34 +118,44 @@ def _copy_seed(src: Path, dest: Path) -> None:
             shutil.copyfile(entry.path, dest / entry.name, follow_symlinks=False)
 
 
-def listening(pid: int, paths: list[str]) -> bool:
-    """True when every one of ``paths`` is a *listening* Unix socket in ``pid``'s network namespace.
+def holds_listening_sockets(pid: int, paths: list[str]) -> bool:
+    """True when process ``pid`` holds open, for every one of ``paths``, a Unix socket *listening* there.
 
-    A socket file exists from ``bind()``; ZeroMQ calls ``listen()`` right after, and a connection made
-    in between is refused. The grader's sockets to a sandboxed kernel never reconnect (see the module
-    docstring), so a connection made in that gap would stay dead and the kernel would never answer (seen once under load: nbclient's "didn't respond in 60 seconds"). Read from
-    ``/proc/<pid>/net/unix``: a listening socket has the ``__SO_ACCEPTCON`` flag (0x10000) and its
-    bound path in the last column (``proc(5)``). When that file cannot be read, the sockets' existence
-    has to do, and True is returned.
+    How the grader finds its kernel, and when. *When*: a socket file exists from ``bind()``; ZeroMQ calls
+    ``listen()`` right after, and a connection made in between is refused, and the grader's sockets to a
+    sandboxed kernel never reconnect (module docstring), so it would stay dead. *Which process*: the
+    grader connects through ``/proc/<pid>/root``, which is gone when ``pid`` exits; any process of the
+    sandbox's namespaces sees the same files, including a short-lived child of the kernel (its own
+    ``uname -p`` at start), so only a process that holds the sockets itself is taken. Both were seen as
+    nbclient's "didn't respond in 60 seconds" under load.
+
+    Read from ``/proc/<pid>/net/unix`` (a listening socket has the ``__SO_ACCEPTCON`` flag, 0x10000,
+    its inode and its bound path, ``proc(5)``) and the ``socket:[inode]`` links of ``/proc/<pid>/fd``.
+    False when either cannot be read (the process has gone).
 
     Parameters
     ----------
     pid : int
-        A process in the kernel's network namespace.
+        A process of the sandbox.
     paths : list of str
         Socket paths as the kernel bound them (inside its own root).
     """
     try:
         with open(f"/proc/{pid}/net/unix") as fh:
             rows = fh.read().splitlines()[1:]
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return True
-    bound = set()
+        return False
+    held = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):  # closed since the listing (the listing's own one, at least)
+            held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    inodes: dict[str, set[str]] = {}
     for row in rows:
         fields = row.split(maxsplit=7)
         if len(fields) == 8 and int(fields[3], 16) & _SO_ACCEPTCON:
-            bound.add(fields[7])
-    return all(path in bound for path in paths)
+            inodes.setdefault(fields[7], set()).add(f"socket:[{fields[6]}]")
+    return all(inodes.get(path, set()) & held for path in paths)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -160,7 +170,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     SandboxUnavailableError
         At kernel start, when ``sandbox`` is not ``none`` and no mechanism it allows works here.
     TimeoutError
-        When the sandboxed kernel's sockets do not appear within ``startup_timeout_s``.
+        When the sandboxed kernel's sockets are not all listening within ``startup_timeout_s``.
     """
 
     sandbox = Unicode("auto", help="auto | bwrap | unshare | none (none runs student code unsandboxed)").tag(
@@ -179,7 +189,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     tmp_size_bytes = Integer(256 * MIB, help="size of the in-memory /tmp, bytes").tag(config=True)
     shm_size_bytes = Integer(64 * MIB, help="size of the in-memory /dev/shm, bytes").tag(config=True)
     cwd_size_bytes = Integer(256 * MIB, help="size of the in-memory notebook folder, bytes").tag(config=True)
-    startup_timeout_s = Integer(60, help="seconds for the sandboxed kernel's sockets to appear").tag(
+    startup_timeout_s = Integer(60, help="seconds for the sandboxed kernel's sockets to listen").tag(
         config=True
     )
 
@@ -284,24 +294,33 @@ class SandboxedKernelManager(AsyncKernelManager):
         await super()._async_post_start_kernel(**kw)
 
     async def _wait_for_sockets(self, top: int) -> str:
-        """``/proc/<pid>/root`` of the kernel once its sockets are bound (checked to be sockets)."""
+        """``/proc/<pid>/root`` of the kernel once its sockets listen (checked to be sockets).
+
+        The kernel is the first process of the sandbox (ancestors come before their children), in a
+        mount namespace other than the grader's, that holds its listening sockets
+        (:func:`holds_listening_sockets`): not a child it started, which may exit at any time.
+        """
         own_ns = os.readlink("/proc/self/ns/mnt")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout_s
         while loop.time() < deadline:
             if not await self.is_alive():
                 raise RuntimeError("the sandboxed kernel exited while starting (see the log above)")
-            for pid in reversed(sandbox_processes(top)):
+            for pid in sandbox_processes(top):
                 try:
                     if os.readlink(f"/proc/{pid}/ns/mnt") == own_ns:
                         continue
                 except OSError:
                     continue
                 root, names = f"/proc/{pid}/root", [f"{IPC_DIR}/kernel-{port}" for port in self.ports]
-                if all(self._is_socket(f"{root}{name}") for name in names) and listening(pid, names):
+                if all(self._is_socket(f"{root}{name}") for name in names) and holds_listening_sockets(
+                    pid, names
+                ):
                     return root
             await asyncio.sleep(0.05)
-        raise TimeoutError(f"the sandboxed kernel's sockets did not appear within {self.startup_timeout_s} s")
+        raise TimeoutError(
+            f"the sandboxed kernel's sockets were not all listening within {self.startup_timeout_s} s"
+        )
 
     @staticmethod
     def _is_socket(path: str) -> bool:
