@@ -209,6 +209,22 @@ def test_requests_past_the_pipeline_depth_get_a_429_that_says_why_then_a_close(s
     assert serving(url)
 
 
+@pytest.mark.parametrize("depth", [3, 40], ids=["within-the-depth", "past-the-depth"])
+def test_a_malformed_request_after_pipelined_ones_is_answered_400_after_them(server, servers, depth):
+    """The requests before a malformed one keep their answers; after a 429 nothing more is answered."""
+    url, _ = server
+    past = servers["httptools"] == url and depth > DEFAULTS.max_pipeline_depth + 1
+    with connect(url) as sock:
+        sock.sendall(request() * depth + b"GARBAGE \x00\x01 NOT HTTP\r\n\r\n")
+        answers = read_until_closed(sock)
+    statuses = [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)]
+    if past:
+        assert statuses == [200] * (1 + DEFAULTS.max_pipeline_depth) + [429], statuses
+    else:
+        assert statuses == [200] * depth + [400], statuses
+    assert serving(url)
+
+
 @pytest.mark.parametrize("declared", [400 * 2**20, None], ids=["huge", "chunked"])
 def test_a_huge_body_is_refused_with_memory_bounded(server, declared):
     url, pid = server

@@ -19,6 +19,9 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   runtime's door answers it 429 ``pipeline_too_deep`` with ``Connection: close`` after the queued
   ones, and the requests after it are not answered (RFC 9112 section 9.3.2: a client retries
   unanswered pipelined requests on a new connection; section 9.6: none are read after a close);
+* **answers in order**: a request the httptools parser refuses (malformed, headers too large) is
+  answered 400 and the connection closed only after the answers owed to the requests before it on
+  the connection (uvicorn alone answers it at once and closes, and those answers are lost);
 * a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
   object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
   the client has closed its side, so work for a client that left can be dropped right before it
@@ -198,6 +201,25 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._guard_init()
         self._header_bytes = 0
+        self._bad_request: str | None = None
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn writes its 400 (a request the parser refused) at once and closes: the answers still
+        # owed to the requests before it on this connection would be lost. It is written after them.
+        self._overflow = True  # the parser has failed: nothing more is read
+        self.flow.pause_reading()
+        last = self.pipeline[0][0] if self.pipeline else self.cycle
+        if last is None or last.response_complete:
+            super().send_400_response(msg)
+        elif last.keep_alive:  # else the connection closes after it, and nothing more is answered
+            self._bad_request = msg
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._bad_request is not None and not self.pipeline and self._idle():
+            msg, self._bad_request = self._bad_request, None
+            if not self.transport.is_closing():
+                super().send_400_response(msg)
 
     def _hold_reading(self) -> bool:
         return self._overflow or len(self.pipeline) >= self._max_pipeline_depth
