@@ -2,11 +2,11 @@
 
 Lesson 3 load-tests four churn servers over HTTP (native XGBoost and ONNX Runtime, each with one call
 per request and with dynamic batching) and finds the highest rate each sustains within a p99 limit.
-:func:`save_http_capacity` writes that table, the limit, the rate ladder and the environment report
-to JSON; :func:`load_http_capacity` reads it back. Each run of Lesson 3 writes
-``build/lesson3/http_capacity.json`` (:data:`LESSON3_RECORD`); the release's recorded run is
-``data/measurements/http_capacity.json`` (:data:`RECORDED_HTTP_CAPACITY`), which Lesson 5 uses so
-that its stored outputs do not depend on whether you ran Lesson 3 first. :func:`write_measurement` and
+:func:`save_http_capacity` writes that table, the limit, the rate ladder and the run's provenance
+(time, CPU, usable cores) to JSON; :func:`load_http_capacity` reads it back. Each run of Lesson 3
+writes ``build/lesson3/http_capacity.json`` (:data:`LESSON3_RECORD`); the release's recorded run is
+``data/measurements/http_capacity.json`` (:data:`RECORDED_HTTP_CAPACITY`), the same run as Lesson 3's
+committed outputs, which Lesson 5 names beside the service waterfall. :func:`write_measurement` and
 :func:`read_measurement` are the record format itself (schema + provenance + fields), shared with the
 other recorded benchmarks (``course_lib.measure.waterfall``).
 """

@@ -85,7 +85,8 @@ def rung_duration_s(
     """Seconds a run (a rung) at ``rate_rps`` lasts to hold ``min_requests`` requests (at least ``min_duration_s``).
 
     Poisson arrivals put n +- sqrt(n) requests where n are expected, so the rung is sized for
-    ``min_requests + 3 sqrt(min_requests)``: fewer than ``min_requests`` then come about once in 700 rungs.
+    ``min_requests + 3 sqrt(min_requests)``: fewer than ``min_requests`` then come about once in 570 rungs for
+    1,000 (the Poisson count's exact tail; the normal approximation says once in 740), once in 380 for 120.
 
     >>> round(rung_duration_s(50), 2)
     21.9
