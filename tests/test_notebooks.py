@@ -213,7 +213,9 @@ def test_every_typed_number_next_to_a_measured_quantity_was_reviewed(path):
     new = sorted(typed_quantities(path) - reviewed)
     assert not new, f"{path.name}: typed numbers next to measured quantities, not yet reviewed: {new}"
     gone = sorted(reviewed - typed_quantities(path))
-    assert not gone, f"{path.name}: reviewed numbers no longer in the lesson (remove them from the list): {gone}"
+    assert not gone, (
+        f"{path.name}: reviewed numbers no longer in the lesson (remove them from the list): {gone}"
+    )
 
 
 if __name__ == "__main__":  # list a lesson's typed quantities for review
