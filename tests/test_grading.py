@@ -462,6 +462,26 @@ def _processes_with_marker(marker: bytes) -> list[str]:
     return found
 
 
+def test_a_seed_that_cannot_be_copied_leaves_no_scratch_folder(tmp_path, monkeypatch):
+    import tempfile
+
+    from course_lib.grading import manager
+
+    require_component("grading sandbox")
+
+    def fail(src: Path, dest: Path) -> None:
+        dest.mkdir()
+        (dest / "partial").write_text("copied before the failure")
+        raise OSError("a folder vanished while it was copied")
+
+    monkeypatch.setattr(manager, "_copy_seed", fail)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the scratch folder is made
+    km = manager.SandboxedKernelManager(kernel_name="python3")
+    with pytest.raises(OSError, match="vanished"):
+        asyncio.run(km.start_kernel(cwd=str(tmp_path)))
+    assert not list(tmp_path.glob("grading-*"))
+
+
 def test_the_kernel_is_the_process_that_holds_its_sockets_once_they_listen(tmp_path):
     """A socket bound but not listening refuses connections, and the grader's sockets never retry; a
     child that shares the sandbox's namespaces but not the sockets (it may exit at any time) is not taken."""

@@ -245,7 +245,12 @@ class SandboxedKernelManager(AsyncKernelManager):
             cwd = str(Path(kw.get("cwd") or os.getcwd()).resolve())
             kw["cwd"] = cwd
             self._scratch = tempfile.mkdtemp(prefix="grading-")
-            _copy_seed(Path(cwd), Path(self._scratch, "seed"))
+            try:
+                _copy_seed(Path(cwd), Path(self._scratch, "seed"))
+            except BaseException:  # a seed that cannot be copied: no scratch folder is left behind
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
+                raise
             Path(self._scratch, "conn").mkdir()
             self.transport = "ipc"
             self.ip = f"{IPC_DIR}/kernel"
