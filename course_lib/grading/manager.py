@@ -306,6 +306,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         (:func:`holds_listening_sockets`): not a child it started, which may exit at any time.
         """
         own_ns = os.readlink("/proc/self/ns/mnt")
+        names = [f"{IPC_DIR}/kernel-{port}" for port in self.ports]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout_s
         while loop.time() < deadline:
@@ -317,7 +318,7 @@ class SandboxedKernelManager(AsyncKernelManager):
                         continue
                 except OSError:
                     continue
-                root, names = f"/proc/{pid}/root", [f"{IPC_DIR}/kernel-{port}" for port in self.ports]
+                root = f"/proc/{pid}/root"
                 if all(self._is_socket(f"{root}{name}") for name in names) and holds_listening_sockets(
                     pid, names
                 ):
