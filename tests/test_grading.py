@@ -438,7 +438,7 @@ def _in_sandboxed_kernel(tmp_path, scenario, sandbox: str = "auto", **manager_op
             cwd_size_bytes=small,
             **manager_options,
         )
-        await km.start_kernel(cwd=str(folder))
+        await km.start_kernel(cwd=str(folder))  # a failed start kills its own sandbox (tested below)
         kc = km.client()
         kc.start_channels()
         try:
@@ -479,6 +479,38 @@ def test_a_seed_that_cannot_be_copied_leaves_no_scratch_folder(tmp_path, monkeyp
     km = manager.SandboxedKernelManager(kernel_name="python3")
     with pytest.raises(OSError, match="vanished"):
         asyncio.run(km.start_kernel(cwd=str(tmp_path)))
+    assert not list(tmp_path.glob("grading-*"))
+
+
+@pytest.mark.parametrize("sandbox", MECHANISMS)
+def test_a_kernel_whose_sockets_never_listen_is_killed_with_its_scratch_folder(
+    tmp_path, monkeypatch, sandbox
+):
+    """A start that fails after the sandbox was launched leaves no process and no scratch folder behind."""
+    import tempfile
+
+    from course_lib.core.waiting import wait_until
+    from course_lib.grading import manager
+
+    require_component(sandbox)
+    marker = str(tmp_path).encode()  # the sandbox's command lines name its scratch folder, made in tmp_path
+    launched: list[list[str]] = []
+
+    async def never(self, top: int) -> str:
+        await asyncio.to_thread(
+            wait_until, lambda: _processes_with_marker(marker), timeout_s=30, what="the sandbox to start"
+        )
+        launched.append(_processes_with_marker(marker))
+        raise TimeoutError("the sandboxed kernel's sockets were not all listening within 0 s")
+
+    monkeypatch.setattr(manager.SandboxedKernelManager, "_wait_for_sockets", never)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "course").mkdir()
+    km = manager.SandboxedKernelManager(kernel_name="python3", sandbox=sandbox)
+    with pytest.raises(TimeoutError, match="listening"):
+        asyncio.run(km.start_kernel(cwd=str(tmp_path / "course")))
+    assert launched, "the sandbox was running when the wait failed"
+    wait_until(lambda: not _processes_with_marker(marker), timeout_s=30, what="the sandbox to die")
     assert not list(tmp_path.glob("grading-*"))
 
 

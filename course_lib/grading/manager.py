@@ -293,7 +293,11 @@ class SandboxedKernelManager(AsyncKernelManager):
     async def _async_post_start_kernel(self, **kw) -> None:  # type: ignore[override]
         if self._containment is not None and self.provisioner is not None:
             top = self.provisioner.process.pid  # type: ignore[attr-defined]
-            root = await self._wait_for_sockets(top)
+            try:
+                root = await self._wait_for_sockets(top)
+            except BaseException:  # a kernel that never listened is not left running, nor its scratch
+                self.kill_sandbox()
+                raise
             self.ip = f"{root}{IPC_DIR}/kernel"
             self._containment.started(top, inner_root=root)
         await super()._async_post_start_kernel(**kw)
