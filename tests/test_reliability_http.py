@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -385,3 +386,32 @@ def test_sigterm_with_requests_in_flight_answers_each_one_or_refuses_it_503(repl
     refused = [answer for answer in answers if answer.startswith(b"HTTP/1.1 503")]
     assert refused, statuses  # the grace period ended with requests still queued
     assert all(b"retry-after" in answer.lower() and b"shutting_down" in answer for answer in refused)
+
+
+@pytest.mark.parametrize("timer", ["keep_alive", "header"])
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_request_that_arrives_as_an_idle_timer_fires_is_answered(replica_files, http, timer):
+    """The server is stopped (SIGSTOP) past its idle timer and a request is sent meanwhile: on waking,
+    uvloop runs the due timer before it reads the socket, so the timer finds the request waiting in the
+    kernel. It must be read and answered, not dropped with a reset (RFC 9112 section 9.3.1's race,
+    closed on the server's side)."""
+    idle = {"keep_alive_s": 1.0, "header_timeout_s": 30.0}
+    if timer == "header":
+        idle = {"keep_alive_s": 30.0, "header_timeout_s": 1.0}
+    config = LIMITS.replace(http=http, loop="uvloop", **idle)
+    with run_processes({"s": command(replica_files, config)}) as urls:
+        pid = urls.processes["s"].pid
+        with connect(urls["s"]) as sock:
+            sock.sendall(request())
+            assert b" 200 " in read_answers(sock, 1)
+            answered = time.monotonic()
+            # the timer is armed as the answer completes; the behaviour under test is a time limit
+            wait_until(lambda: time.monotonic() > answered + 0.5, timeout_s=5, what="the server to idle")
+            psutil.Process(pid).suspend()
+            try:
+                wait_until(lambda: time.monotonic() > answered + 1.6, timeout_s=5, what="the timer to be due")
+                sock.sendall(request())
+            finally:
+                psutil.Process(pid).resume()
+            assert b" 200 " in read_answers(sock, 1)
+        assert serving(urls["s"])

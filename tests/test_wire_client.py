@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from course_lib.core.checks import InvalidArgumentError
+from course_lib.core.waiting import wait_until
 from course_lib.measure.generators import serve_null
 from course_lib.measure.targets import WIRE_FIELD, wire_target
 from course_lib.measure.targets.wire_client import WireClient
@@ -230,6 +234,9 @@ def test_bad_arguments_are_named():
         wire_target("127.0.0.1:80/score", [{}])
     with pytest.raises(InvalidArgumentError, match="max_connections"):
         WireClient("http://127.0.0.1/score", max_connections=0)
+    for idle in (0, -1.0, float("nan")):
+        with pytest.raises(InvalidArgumentError, match="max_idle_s"):
+            WireClient("http://127.0.0.1/score", max_idle_s=idle)
     with pytest.raises(ValueError, match="payloads"):
         wire_target("http://127.0.0.1/score", [])
     with pytest.raises(RuntimeError, match="async with"):
@@ -344,3 +351,68 @@ def test_a_server_that_never_accepts_does_not_hold_the_run():
         for s in fillers:
             s.close()
         listener.close()
+
+
+def test_a_connection_idle_longer_than_max_idle_s_is_not_reused():
+    """The server closes a connection after its keep-alive time; the client stops reusing it before."""
+
+    async def main(max_idle_s: float) -> int:
+        server, url, seen = await _scripted_server(lambda body, n: _answer(b"{}"))
+        async with server, WireClient(url, max_idle_s=max_idle_s) as client:
+            await client.post({})
+            await asyncio.sleep(0.2)  # the behaviour under test is a time limit
+            await client.post({})
+        return seen["connections"]
+
+    assert run(main(0.05)) == 2
+    assert run(main(60.0)) == 1
+
+
+def test_an_idle_connection_the_server_just_closed_is_not_written_to():
+    """The server closes a kept-alive connection after answering; the client's loop has not yet read the
+    end of stream when it sends again: the request goes on a new connection instead of being lost."""
+    answered, closed = threading.Event(), threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    served = []
+
+    def serve() -> None:
+        with listener:
+            for n in range(2):
+                conn, _ = listener.accept()
+                with conn:
+                    conn.settimeout(10)
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        head += conn.recv(4096)
+                    conn.sendall(_answer(b'{"n": %d}' % n))
+                    served.append(n)
+                    if n == 0:
+                        answered.wait(10)  # the client has its answer and the connection is idle
+                        conn.shutdown(socket.SHUT_RDWR)
+            closed.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    async def main() -> list[int]:
+        async with WireClient(f"http://127.0.0.1:{port}/score") as client:
+            first = await client.post({})
+            answered.set()
+            wait_until(lambda: len(served) == 1 and _peer_shut(port), timeout_s=10, what="the close")
+            second = await client.post({})  # no loop pass since the close: only a peek can see it
+        return [json.loads(first.body)["n"], json.loads(second.body)["n"]]
+
+    assert run(main()) == [0, 1]
+    thread.join(10)
+
+
+def _peer_shut(port: int) -> bool:
+    """True once the server's side of its first connection on ``port`` has shut down (the kernel's view)."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    local = f"{port:04X}"
+    # the server's socket (local port = port) leaves ESTABLISHED (01) after its shutdown: FIN_WAIT (04, 05)
+    return any(
+        line.split()[1].endswith(":" + local) and line.split()[3] in ("04", "05", "06", "07", "08", "0B")
+        for line in lines
+    )

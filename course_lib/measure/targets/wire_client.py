@@ -9,7 +9,9 @@ answer's last byte is parsed (``httptools``, the C parser uvicorn uses), before 
 
 It is deliberately small: POST with a JSON body, ``Content-Length`` or chunked answers, a pool of
 keep-alive connections (one request in flight per connection, as k6's virtual users and aiohttp's pool
-do), a connection the server closes or that is abandoned mid-answer (a timeout) is discarded.
+do), a connection the server closes or that is abandoned mid-answer (a timeout) is discarded, and an
+idle connection is checked before it is reused (the server may have closed it a moment ago, as
+urllib3 checks its pooled connections).
 
 References
 ----------
@@ -30,7 +32,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from course_lib.core.checks import integer
+from course_lib.core._sockets import peek
+from course_lib.core.checks import integer, positive_number
 
 __all__ = ["WireAnswer", "WireClient"]
 
@@ -57,6 +60,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.idle_since = time.monotonic()  # opened, or its last answer read
         self._waiter: asyncio.Future[WireAnswer] | None = None
         self._sent = 0.0
         self._body: list[bytes] = []
@@ -127,6 +131,14 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
+    def server_closed(self) -> bool:
+        """True if the server closed or reset this idle connection, even when the loop has not yet
+        read its end of stream (a peek, as urllib3 checks a pooled connection before reusing it):
+        a request written after that close would be lost with a reset."""
+        if self.closed or self.transport is None:
+            return True
+        return peek(self.transport) != "nothing"  # an end of stream, a reset, or bytes nobody asked for
+
     def abort(self) -> None:
         """Drop the connection now, with whatever is still buffered (``transport.close`` would wait for it)."""
         self.closed = True
@@ -151,18 +163,28 @@ class WireClient:
     ``max_connections`` are open, else it waits for one) and returns a :class:`WireAnswer`; interim
     1xx answers are skipped. A request cancelled mid-flight (a timeout), an answer that does not parse
     or bytes nobody asked for abort their connection, so no later request reads another's answer. The
-    request is not retried, even when a kept-alive connection was closed by the server as it was sent.
+    request is not retried, even when a kept-alive connection was closed by the server as it was sent:
+    so that this does not happen, a connection idle for longer than ``max_idle_s`` is closed rather than
+    reused (the server closes it after its own keep-alive time), and an idle connection the server has
+    closed a moment ago, before the loop has read its end of stream, is found by a peek and not used.
 
     Parameters
     ----------
     url : str
         ``http://host[:port]/path[?query]`` (no TLS, no user info; the path in ASCII without spaces).
     max_connections : int >= 1
+    max_idle_s : float > 0
+        Longest time a connection stays idle in the pool and is still reused, s. The default, 4 s, is
+        below uvicorn's default ``timeout_keep_alive`` of 5 s, which the course's servers keep
+        (``ServerConfig.keep_alive_s``): a client's idle timeout is set below its server's keep-alive,
+        as a load balancer's is below its targets' (AWS, "Application Load Balancers", connection idle
+        timeout), so that the server never closes a connection the client may be writing to.
 
     Raises
     ------
     ValueError
-        For a URL outside that form; ``InvalidArgumentError`` for ``max_connections`` < 1.
+        For a URL outside that form; ``InvalidArgumentError`` for ``max_connections`` < 1 or
+        ``max_idle_s`` not > 0.
     ConnectionError
         From ``post``: the connection could not be made, closed, switched protocols or sent an
         answer that does not parse.
@@ -170,7 +192,7 @@ class WireClient:
         From ``post`` outside the ``async with`` block.
     """
 
-    def __init__(self, url: str, *, max_connections: int = 512) -> None:
+    def __init__(self, url: str, *, max_connections: int = 512, max_idle_s: float = 4.0) -> None:
         parts = urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         if (
@@ -185,6 +207,7 @@ class WireClient:
             )
         self.host, self.port, self.path = parts.hostname, parts.port or 80, path
         self.max_connections = integer("max_connections", max_connections, min=1)
+        self.max_idle_s = positive_number("max_idle_s", max_idle_s, unit="s")
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._head = (
             f"POST {self.path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
@@ -216,9 +239,16 @@ class WireClient:
 
     async def _connection(self) -> _Connection:
         while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed:
+            conn = self._idle.pop()  # the most recently used: the pool is ordered by idle_since
+            if time.monotonic() - conn.idle_since > self.max_idle_s:
+                for old in (conn, *self._idle):  # it and every one below it idled too long
+                    old.abort()
+                    self._all.discard(old)
+                self._idle.clear()
+                break
+            if not conn.server_closed():
                 return conn
+            conn.abort()
             self._all.discard(conn)
         loop = asyncio.get_running_loop()
         try:
@@ -303,6 +333,7 @@ class WireClient:
                 done = True
             finally:
                 if done and not conn.closed and self._state == "open":
+                    conn.idle_since = time.monotonic()
                     self._idle.append(conn)
                 else:  # cancelled, failed, or the client closed meanwhile: nobody reads this connection again
                     conn.abort()
