@@ -14,6 +14,8 @@ over the real feature store.
   address comes from ``--redis-port`` and its password from ``$COURSE_TEST_REDIS_PASSWORD`` (never a
   command line).
 * ``monitored``: Lesson 9's versioned, instrumented app (``POST /score``, ``GET /metrics``).
+* ``bulk``: a bare ASGI app whose ``GET /bulk`` answers ``BULK_BYTES`` bytes in one send (no model):
+  an answer larger than the socket buffers, for a slow reader.
 
 Not a test module (pytest collects ``test_*.py`` only); the tests start these with
 ``course_lib.serving.server.run_processes``.
@@ -96,7 +98,27 @@ def _monitored(args, config):
     return create_monitored_app(versioned)
 
 
-KINDS = {"batched": _batched, "cached": _cached, "monitored": _monitored}
+BULK_BYTES = 8 * 2**20
+
+
+def _bulk(args, config):
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b"x" * BULK_BYTES if scope["path"] == "/bulk" else b"{}"
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-length", str(len(body)).encode()), (b"content-type", b"text/plain")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+KINDS = {"batched": _batched, "bulk": _bulk, "cached": _cached, "monitored": _monitored}
 
 
 def main() -> None:

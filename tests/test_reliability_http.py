@@ -415,3 +415,35 @@ def test_a_request_that_arrives_as_an_idle_timer_fires_is_answered(replica_files
                 psutil.Process(pid).resume()
             assert b" 200 " in read_answers(sock, 1)
         assert serving(urls["s"])
+
+
+@pytest.mark.parametrize("timer", ["keep_alive", "header"])
+@pytest.mark.parametrize("http,loop", [("h11", "asyncio"), ("httptools", "uvloop")])
+def test_a_slow_reader_gets_its_whole_answer_when_an_idle_timer_fires(replica_files, http, loop, timer):
+    """An 8 MiB answer read slowly for longer than the idle timer: the timer's close waits for the
+    answer to be sent (an end of stream sent at once would cut it short, silently)."""
+    from reliability_servers import BULK_BYTES
+
+    idle = {"keep_alive_s": 1.0, "header_timeout_s": 30.0}
+    if timer == "header":
+        idle = {"keep_alive_s": 30.0, "header_timeout_s": 1.0}
+    config = LIMITS.replace(http=http, loop=loop, **idle)
+    command_line = [*command(replica_files, config)]
+    command_line[command_line.index("batched")] = "bulk"
+    with run_processes({"s": command_line}) as urls:
+        host, port = urls["s"].removeprefix("http://").split(":")
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
+            sock.settimeout(30)
+            sock.connect((host, int(port)))
+            sock.sendall(b"GET /bulk HTTP/1.1\r\nHost: t\r\n\r\n")
+            received, started = b"", time.monotonic()
+            while len(received.partition(b"\r\n\r\n")[2]) < BULK_BYTES:
+                chunk = sock.recv(65_536)
+                if not chunk:
+                    break  # the server closed: the answer ends here
+                received += chunk
+                if time.monotonic() - started < 3.0:  # a slow reader past the 1 s timer; the
+                    time.sleep(0.05)  # behaviour under test is a time limit
+        assert len(received.partition(b"\r\n\r\n")[2]) == BULK_BYTES
+        assert serving(urls["s"])

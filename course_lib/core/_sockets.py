@@ -6,11 +6,15 @@ arrived (it would be dropped with a reset), and a client about to reuse an idle 
 the server has just closed it (its request would be lost). Both are answered by the kernel at once,
 on the transport's own descriptor, without reading anything the loop has not read:
 
+* :func:`readable`: ``poll(0)``: something waits to be read (bytes, an end of stream or an error):
+  the cheap question (0.6 us, against 3 us for a peek through a socket object), enough for "has
+  anything happened on this idle connection?";
 * :func:`peek`: ``recv(1, MSG_PEEK | MSG_DONTWAIT)``: ``"bytes"`` (unread bytes wait), ``"nothing"``
   (the peer is there, silent), ``"end"`` (the peer shut down its side: 0 bytes) or ``"reset"`` (an
-  error, or no socket);
+  error, or no socket): tells an end of stream from a request;
 * :func:`end_stream_now`: ``shutdown(SHUT_WR)``: the peer sees the end of stream now, not when the
-  transport closes the socket a loop pass later.
+  transport closes the socket a loop pass later; never while an answer is still in the transport's
+  buffer (``transport.close`` sends that first; a shutdown would cut it short).
 
 The descriptor is wrapped without ``dup`` (family and type given: no syscalls to find them) and
 detached afterwards, never closed: it stays the transport's. TCP sockets only (AF_INET, as the course's
@@ -27,14 +31,29 @@ at any time; a client that sent a request on it cannot know whether it was read)
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
+from typing import cast
 
-__all__ = ["end_stream_now", "peek"]
+__all__ = ["end_stream_now", "peek", "readable"]
 
 
 def _descriptor(transport: asyncio.BaseTransport | None) -> int:
     raw = transport.get_extra_info("socket") if transport is not None else None
     return raw.fileno() if raw is not None else -1
+
+
+def readable(transport: asyncio.BaseTransport | None) -> bool:
+    """True if bytes, an end of stream or an error wait on ``transport``'s connection (or it has no socket).
+
+    Never raises.
+    """
+    fd = _descriptor(transport)
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def peek(transport: asyncio.BaseTransport | None) -> str:
@@ -59,10 +78,12 @@ def peek(transport: asyncio.BaseTransport | None) -> str:
 def end_stream_now(transport: asyncio.BaseTransport | None) -> None:
     """Send the end of stream (FIN) on ``transport``'s connection now; its closing stays the transport's.
 
-    Does nothing for a transport without a socket or one already shut down. Never raises.
+    Does nothing for a transport without a socket or one already shut down, and nothing while the
+    transport still holds bytes to send (an answer to a slow reader: ``transport.close`` sends them
+    first, and a shutdown now would end the stream in the middle of them). Never raises.
     """
     fd = _descriptor(transport)
-    if fd < 0:
+    if fd < 0 or cast(asyncio.WriteTransport, transport).get_write_buffer_size():
         return
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fd)
     try:

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from course_lib.core._sockets import peek
+from course_lib.core._sockets import readable
 from course_lib.core.checks import integer, positive_number
 
 __all__ = ["WireAnswer", "WireClient"]
@@ -133,11 +133,11 @@ class _Connection(asyncio.Protocol):
 
     def server_closed(self) -> bool:
         """True if the server closed or reset this idle connection, even when the loop has not yet
-        read its end of stream (a peek, as urllib3 checks a pooled connection before reusing it):
+        read its end of stream (a poll, as urllib3 checks a pooled connection before reusing it):
         a request written after that close would be lost with a reset."""
         if self.closed or self.transport is None:
             return True
-        return peek(self.transport) != "nothing"  # an end of stream, a reset, or bytes nobody asked for
+        return readable(self.transport)  # an end of stream, a reset, or bytes nobody asked for
 
     def abort(self) -> None:
         """Drop the connection now, with whatever is still buffered (``transport.close`` would wait for it)."""
@@ -166,7 +166,7 @@ class WireClient:
     request is not retried, even when a kept-alive connection was closed by the server as it was sent:
     so that this does not happen, a connection idle for longer than ``max_idle_s`` is closed rather than
     reused (the server closes it after its own keep-alive time), and an idle connection the server has
-    closed a moment ago, before the loop has read its end of stream, is found by a peek and not used.
+    closed a moment ago, before the loop has read its end of stream, is found by a poll and not used.
 
     Parameters
     ----------
