@@ -447,3 +447,46 @@ def test_a_slow_reader_gets_its_whole_answer_when_an_idle_timer_fires(replica_fi
                     time.sleep(0.05)  # behaviour under test is a time limit
         assert len(received.partition(b"\r\n\r\n")[2]) == BULK_BYTES
         assert serving(urls["s"])
+
+
+def test_the_connection_limit_never_picks_a_connection_that_is_already_closing(replica_files):
+    """A reader that never reads a large answer leaves its connection closing (still sending) after its
+    idle timer; the limit must close other idle connections, not that one again (which frees nothing).
+    The bulk answer (8 MiB) is larger than the socket buffers, so it is still being sent."""
+    limit = 4
+    config = LIMITS.replace(
+        http="httptools", loop="uvloop", keep_alive_s=1.0, header_timeout_s=60.0, max_connections=limit
+    )
+    command_line = [*command(replica_files, config)]
+    command_line[command_line.index("batched")] = "bulk"
+    with run_processes({"s": command_line}) as urls:
+        pid = urls.processes["s"].pid
+        stuck = connect(urls["s"])
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
+        stuck.sendall(b"GET /bulk HTTP/1.1\r\nHost: t\r\n\r\n")  # its answer is never read
+        asked = time.monotonic()
+        wait_until(lambda: time.monotonic() > asked + 2.0, timeout_s=10, what="its idle timer")
+        idle = [connect(urls["s"]) for _ in range(5 * limit)]
+        try:
+            # all but `limit` - 1 of them closed by the server, beside the closing one (connection times
+            # tie within a millisecond, so which idle ones were closed is not asserted, only how many)
+            wait_until(
+                lambda: sum(map(_closed_by_server, idle)) >= len(idle) - (limit - 1),
+                timeout_s=10,
+                what="the server to close the oldest idle connections",
+            )
+            held = [c for c in psutil.Process(pid).net_connections("tcp") if c.status == "ESTABLISHED"]
+            assert len(held) <= limit, held
+        finally:
+            for sock in [stuck, *idle]:
+                sock.close()
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)  # a socket with a timeout would wait for the peek
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

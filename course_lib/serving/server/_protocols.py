@@ -8,8 +8,9 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   alone waits forever for headers); with httptools also a header size limit (h11 has its own,
   ``h11_max_incomplete_event_size``, 16 KiB by default), so headers streamed quickly cannot fill memory;
 * a **connection limit**: at most ``max_connections`` connections stay open; a new one beyond that
-  closes the longest-open *idle* one (no request in flight: a slowloris, an idle keep-alive socket), or
-  itself if every connection is busy, so idle sockets cannot use up the open-file limit;
+  closes the longest-open *idle* one (no request in flight: a slowloris, an idle keep-alive socket; not
+  one already closing), or itself if every connection is busy, so idle sockets cannot use up the
+  open-file limit;
 * **no request lost to an idle timer**: uvicorn closes a connection idle for ``timeout_keep_alive``
   (and the header timeout closes one idle for ``header_timeout_s``); a request whose bytes reached the
   kernel just before, not yet read by a busy loop, would be dropped with a reset and never answered
@@ -17,9 +18,7 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   ``course_lib.core._sockets``) gives them ``IN_TIME_GRACE_S`` to be read, once per idle spell; one
   that finds none sends the end of stream at once (unless an answer is still being sent to a slow
   reader), not a loop pass later when the transport closes the socket, so a client that checks
-  before reusing the connection (the course's ``WireClient``, urllib3) sees it; an idle connection
-  chosen for closing by the connection limit is the longest-open one with nothing waiting. What
-  remains (bytes written in the microseconds between the poll and the end of stream)
+  before reusing the connection (the course's ``WireClient``, urllib3) sees it. What remains (bytes written in the microseconds between the poll and the end of stream)
   is the client's to avoid, by an idle limit below the server's keep-alive (RFC 9112 section 9.3.1:
   a kept-alive connection may close at any time). Measured with 100 clients each sending exactly at
   a 1 s keep-alive, 1,500 requests (December 2026, 2 cores): 222 lost without these checks, 2 with the
@@ -191,9 +190,12 @@ class _Guard:
         self._opened_at = self.loop.time()
         self._arm()
         if len(self.connections) > self._max_connections:
-            idle = sorted((c for c in self.connections if c is not self and c._idle()), key=_opened_at)
-            # the longest-open idle one with nothing waiting: usually the first asked (one poll)
-            victim = next((c for c in idle if not c._request_waiting()), self)
+            # the longest-open idle one; not one already closing (a slow reader's answer still being
+            # sent after its idle timer): closing it again frees nothing
+            idle = [
+                c for c in self.connections if c is not self and c._idle() and not c.transport.is_closing()
+            ]
+            victim = min(idle, key=_opened_at) if idle else self
             victim.transport.close()
 
     def eof_received(self) -> None:
