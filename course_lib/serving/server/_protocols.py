@@ -18,11 +18,12 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   ``course_lib.core._sockets``) gives them ``IN_TIME_GRACE_S`` to be read, once per idle spell; one
   that finds none sends the end of stream at once (unless an answer is still being sent to a slow
   reader), not a loop pass later when the transport closes the socket, so a client that checks
-  before reusing the connection (the course's ``WireClient``, urllib3) sees it. What remains (bytes written in the microseconds between the poll and the end of stream)
-  is the client's to avoid, by an idle limit below the server's keep-alive (RFC 9112 section 9.3.1:
-  a kept-alive connection may close at any time). Measured with 100 clients each sending exactly at
-  a 1 s keep-alive, 1,500 requests (December 2026, 2 cores): 222 lost without these checks, 2 with the
-  server's and the client's; none once the client's idle limit is below the keep-alive;
+  before reusing the connection (the course's ``WireClient``, urllib3) sees it. What remains (bytes
+  written in the microseconds between the poll and the end of stream) is the client's to avoid, by an
+  idle limit below the server's keep-alive (RFC 9112 section 9.3.1: a kept-alive connection may close
+  at any time). Measured with 100 clients each sending exactly at a 1 s keep-alive, 1,500 requests
+  (December 2026, 2 cores): 222 lost without these checks, 1-3 with the server's and the client's;
+  none once the client's idle limit is below the keep-alive;
 * a **bounded pipeline**: uvicorn resumes reading a connection whenever the app asks for body bytes,
   so a client that pipelines requests without reading answers makes it buffer without bound (h11 keeps
   them as bytes, httptools as parsed request objects). Reading pauses while more than
@@ -195,7 +196,7 @@ class _Guard:
             idle = [
                 c for c in self.connections if c is not self and c._idle() and not c.transport.is_closing()
             ]
-            victim = min(idle, key=_opened_at) if idle else self
+            victim = min(idle, key=lambda c: c._opened_at) if idle else self
             victim.transport.close()
 
     def eof_received(self) -> None:
@@ -214,10 +215,6 @@ class _Guard:
         self._disarm()
         self._eof = True
         super().connection_lost(exc)  # type: ignore[misc]
-
-
-def _opened_at(connection: _Guard) -> float:
-    return connection._opened_at
 
 
 class _GuardedH11(_Guard, H11Protocol):
