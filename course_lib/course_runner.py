@@ -167,7 +167,7 @@ def prepare_first_run() -> list[FirstRunRow]:
     build = build_feature_store()
     rows.append(
         {
-            "what": "feature store (1,000,000 customers, Lessons 2, 3 and 8)",
+            "what": "feature store (1,000,000 customers, Lessons 2, 3, 6, 8 and 12)",
             "path": build.path.relative_to(root),
             "built": build.built,
             "seconds": build.seconds,
