@@ -27,7 +27,7 @@ from course_lib.core.waiting import wait_until
 from course_lib.measure.load_server import sample_rss
 from course_lib.serving.feature_store import customer_id
 from course_lib.serving.replica import ReplicaConfig, start_replica
-from course_lib.serving.server import DEFAULTS, run_processes, to_argv
+from course_lib.serving.server import DEFAULTS, MAX_HEADER_BYTES, run_processes, to_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_CONNECTIONS = 48
@@ -215,6 +215,7 @@ def test_a_malformed_request_after_pipelined_ones_is_answered_400_after_them(ser
     """The requests before a malformed one keep their answers; after a 429 nothing more is answered."""
     url, _ = server
     past = servers["httptools"] == url and depth > DEFAULTS.max_pipeline_depth + 1
+    before = outcomes(url)
     with connect(url) as sock:
         sock.sendall(request() * depth + b"GARBAGE \x00\x01 NOT HTTP\r\n\r\n")
         answers = read_until_closed(sock)
@@ -223,6 +224,31 @@ def test_a_malformed_request_after_pipelined_ones_is_answered_400_after_them(ser
         assert statuses == [200] * (1 + DEFAULTS.max_pipeline_depth) + [429], statuses
     else:
         assert statuses == [200] * depth + [400], statuses
+    # every answer the client read is counted once, the parser's 400 too (it never reaches the app)
+    seen = {
+        "requests": len(statuses),
+        "ok": statuses.count(200),
+        "client_errors": len(statuses) - statuses.count(200),
+    }
+    wait_until(
+        lambda: {k: outcomes(url)[k] - before[k] for k in seen} == seen, what=f"the door's counts of {seen}"
+    )
+    assert serving(url)
+
+
+def test_a_request_the_parser_refuses_is_counted_as_a_client_error(server):
+    """uvicorn answers a request its parser refuses without the app; the door's counters still count it."""
+    url, _ = server
+    before = outcomes(url)
+    for bad in (b"GARBAGE \x00\x01 NOT HTTP\r\n\r\n", b"GET / HTTP/1.1\r\nHost: t\r\nBad Name: x"):
+        with connect(url) as sock:
+            sock.sendall(bad + b"\r\n\r\n")
+            assert read_until_closed(sock).startswith(b"HTTP/1.1 400 ")
+    wait_until(
+        lambda: outcomes(url)["client_errors"] - before["client_errors"] == 2, what="two client errors"
+    )
+    after = outcomes(url)
+    assert after["requests"] - before["requests"] == 2 and after["ok"] == before["ok"]
     assert serving(url)
 
 
@@ -301,6 +327,47 @@ def test_the_head_is_checked_before_any_work(server, raw, status):
     assert answer.count(b"HTTP/1.1 ") == 1, answer  # one request sent, one answer
     assert b"evil.example" not in answer and b"location" not in answer.lower()
     assert serving(url)
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["whole-head", "head-still-coming"])
+def test_a_head_over_the_size_limit_gets_a_431_that_says_why(server, complete):
+    """Both parsers: a head that arrived whole in one read (h11 alone parsed and served it) and one whose
+    header value keeps coming (httptools alone buffered 78 MiB of it in 8 s, unbounded, until the header
+    timeout), with memory bounded; the refusal is counted like any other client error."""
+    url, pid = server
+    before = outcomes(url)["client_errors"]
+    head = request(extra=b"X-Filler: " + b"a" * (MAX_HEADER_BYTES + 100) + b"\r\n")
+    if not complete:  # a value that never ends, 32 MiB of it, sent while the answer is read
+        head = request().split(b"\r\n\r\n")[0] + b"\r\nX-Filler: " + b"a" * (32 * 2**20)
+    sock, stop = connect(url), threading.Event()
+    sender = threading.Thread(target=_flood, args=(sock, head, stop), daemon=True)
+    try:
+        with sample_rss(pid, interval_s=0.02) as rss:
+            sender.start()
+            answer = read_until_closed(sock)
+    finally:
+        stop.set()
+        sock.close()
+        sender.join(10)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"connection: close" in answer.lower()
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert body["error"] == "headers_too_large" and str(MAX_HEADER_BYTES) in body["message"], body
+    assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+    wait_until(lambda: outcomes(url)["client_errors"] == before + 1, what="the 431 counted")
+    assert serving(url)
+
+
+def test_a_head_just_under_the_size_limit_is_served_however_it_is_cut(server):
+    """The size limit counts the head, not the reads: 512-byte pieces of a head of almost 16 KiB."""
+    url, _ = server
+    raw = request(extra=b"Connection: close\r\nX-Filler: " + b"a" * (MAX_HEADER_BYTES - 400) + b"\r\n")
+    with connect(url) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(0, len(raw), 512):
+            sock.sendall(raw[i : i + 512])
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
 
 
 def test_a_refused_head_that_expects_100_continue_is_answered_without_asking_for_the_body(server):

@@ -28,7 +28,7 @@ from course_lib.serving.server._config import (
     to_argv,
 )
 from course_lib.serving.server._door import DEADLINE_HEADER, PROBE_PATHS, Door
-from course_lib.serving.server._protocols import CONNECTION_EXTENSION, guarded_protocol
+from course_lib.serving.server._protocols import CONNECTION_EXTENSION, MAX_HEADER_BYTES, guarded_protocol
 from course_lib.serving.server._request import (
     LATENCY_BUCKETS_S,
     OUTCOMES,
@@ -62,6 +62,7 @@ __all__ = [
     "HTTP_PARSERS",
     "LATENCY_BUCKETS_S",
     "LOOPBACK_HOST",
+    "MAX_HEADER_BYTES",
     "OUTCOMES",
     "PARENT_PID_ENV",
     "PROBE_PATHS",

@@ -36,7 +36,9 @@ error bodies are capped at ``max_error_body_bytes``; a 503 always carries ``Retr
 still unanswered when the server's graceful shutdown ends (uvicorn cancels it, and would answer 500)
 is answered 503 ``shutting_down``.
 
-``DoorCounters`` counts every request once by what its client saw: ``ok`` (2xx/3xx), ``shed``
+A head over ``MAX_HEADER_BYTES`` is refused 431 (one that arrived whole in a read: h11 bounds only
+an incomplete head). ``DoorCounters`` counts every request once by what its client saw (the protocol
+counts the requests its parser refused, which never reach the door): ``ok`` (2xx/3xx), ``shed``
 (503), ``expired`` (504), ``client_errors`` (other 4xx), ``server_errors`` (other 5xx) or
 ``abandoned`` (the client had gone before its answer was written: an answer nobody read is not
 counted as served), plus the latency of the ``ok`` answers from the door to the last byte written.
@@ -60,7 +62,12 @@ from http import HTTPStatus
 from typing import Any
 
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
-from course_lib.serving.server._protocols import CONNECTION_EXTENSION, PIPELINE_OVERFLOW_EXTENSION
+from course_lib.serving.server._protocols import (
+    CONNECTION_EXTENSION,
+    HEADERS_TOO_LARGE,
+    MAX_HEADER_BYTES,
+    PIPELINE_OVERFLOW_EXTENSION,
+)
 from course_lib.serving.server._request import _CURRENT, DoorCounters, Refusal, _Exchange
 
 #: The request header carrying the client's timeout in ms (the idea of Envoy's expected-timeout header).
@@ -115,7 +122,9 @@ class Door:
                 "and the requests sent after this one are not answered: send them again on a new connection",
             ), None
         hosts, encodings, length, timeout, transfer_encoded = [], [], None, None, False
+        head_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
         for name, value in scope.get("headers", ()):
+            head_bytes += len(name) + len(value) + 4
             if name == b"host":
                 hosts.append(value)
             elif name == b"content-encoding":
@@ -127,6 +136,8 @@ class Door:
                 encodings.extend(t for t in value.split(b",") if t.strip().lower() != b"chunked")
             elif name == DEADLINE_HEADER:
                 timeout = value
+        if head_bytes > MAX_HEADER_BYTES:  # h11 checks only headers still incomplete after a read
+            return Refusal(431, "headers_too_large", HEADERS_TOO_LARGE), None
         if len(hosts) > 1 or (not hosts and scope.get("http_version") != "1.0"):
             return Refusal(400, "bad_host", "a request must carry exactly one Host header"), None
         # both framings: two parsers may read the body differently (request smuggling)
@@ -367,7 +378,7 @@ class Door:
         exchange.body_done = exchange.body_done or refusal.status == 503
         drained = exchange.body_done or refusal.status in (408, 503) or await self._drain(exchange, receive)
         retry = config.retry_after_s if refusal.status == 503 else None
-        close = close or not drained or refusal.status == 400
+        close = close or not drained or refusal.status in (400, 431)
         start, body = _json_answer(refusal, close=close, retry_after_s=retry)
         exchange.status = refusal.status
         exchange.gone_at_answer = exchange.connection is not None and exchange.connection.client_gone()

@@ -5,8 +5,11 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
 
 * a **header read timeout**: a connection must deliver a request's complete headers within
   ``header_timeout_s`` of connecting (or of the previous answer), else it is closed (slowloris: uvicorn
-  alone waits forever for headers); with httptools also a header size limit (h11 has its own,
-  ``h11_max_incomplete_event_size``, 16 KiB by default), so headers streamed quickly cannot fill memory;
+  alone waits forever for headers);
+* a **header size limit**, :data:`MAX_HEADER_BYTES`, so headers streamed quickly cannot fill memory:
+  httptools counts them as it parses, h11 bounds a head still incomplete after a read
+  (``h11_max_incomplete_event_size``), and the door refuses a complete head over the limit that
+  arrived in one read (h11 parses it whole); all three answer 431 with a JSON error body;
 * a **connection limit**: at most ``max_connections`` connections stay open; a new one beyond that
   closes the longest-open *idle* one (no request in flight: a slowloris, an idle keep-alive socket; not
   one already closing), or itself if every connection is busy, so idle sockets cannot use up the
@@ -36,6 +39,9 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
 * **answers in order**: a request the httptools parser refuses (malformed, headers too large) is
   answered 400 and the connection closed only after the answers owed to the requests before it on
   the connection (uvicorn alone answers it at once and closes, and those answers are lost);
+* **counted**: such a request (either parser) never reaches the app, so the protocol counts it in the
+  door's ``DoorCounters``: one more ``requests`` and ``client_errors`` (``abandoned`` if the client
+  left before its 400 could be written), as ``/stats`` and ``/metrics`` report;
 * a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
   object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
   the client has closed its side, so work for a client that left can be dropped right before it
@@ -52,6 +58,7 @@ Linux ``recv(2)`` (``MSG_PEEK``, ``MSG_DONTWAIT``: 0 bytes means the peer shut d
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -60,6 +67,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from course_lib.core._sockets import end_stream_now, peek, readable
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
+from course_lib.serving.server._request import DoorCounters
 
 #: Key of the connection handle in ``scope["extensions"]``.
 CONNECTION_EXTENSION = "course.connection"
@@ -69,8 +77,11 @@ PIPELINE_OVERFLOW_EXTENSION = "course.pipeline_overflow"
 PIPELINE_BUFFER_BYTES = 65_536
 #: Time a request that reached the kernel as an idle connection's timer fired gets to be read (s).
 IN_TIME_GRACE_S = 1.0
-#: Largest request line plus headers accepted by the httptools protocol (h11's own default, 16 KiB).
+#: Largest request target plus headers accepted (h11's own default for an incomplete head, 16 KiB);
+#: a larger head is answered 431 (RFC 6585 section 5).
 MAX_HEADER_BYTES = 16_384
+#: The message of that 431.
+HEADERS_TOO_LARGE = f"the request target and headers exceed {MAX_HEADER_BYTES} bytes"
 
 
 class HeadersTooLargeError(Exception):
@@ -104,6 +115,7 @@ class _Guard:
     flow: FlowControl
     timeout_keep_alive_task: asyncio.TimerHandle | None
     app: Any
+    server_state: Any
 
     def _guard_init(self) -> None:
         self._header_timer: asyncio.TimerHandle | None = None
@@ -138,6 +150,34 @@ class _Guard:
         if self._eof or self.transport is None or self.transport.is_closing():
             return False
         return readable(self.transport)
+
+    def _count_parser_refusal(self, *, answered: bool) -> None:
+        """Count a request the HTTP parser refused (uvicorn answers it 400 itself, outside the app) in
+        the door's counters: ``client_errors`` when its 400 is written, ``abandoned`` when the client
+        left before it could be."""
+        app = self._inner_app
+        for _ in range(8):  # the Door, or a middleware in front of it (an ASGI app's ``app``)
+            counters = getattr(app, "counters", None)
+            if isinstance(counters, DoorCounters):
+                counters.requests += 1
+                if answered:
+                    counters.client_errors += 1
+                else:
+                    counters.abandoned += 1
+                return
+            app = getattr(app, "app", None)
+
+    def _send_headers_too_large(self) -> None:
+        """Answer a head over :data:`MAX_HEADER_BYTES` as the door answers the other refused heads (431,
+        a JSON error body, RFC 6585 section 5; uvicorn would send a plain 400), then close."""
+        body = json.dumps(
+            {"error": "headers_too_large", "message": HEADERS_TOO_LARGE, "details": []}
+        ).encode()
+        head = [b"HTTP/1.1 431 Request Header Fields Too Large\r\n"]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+        self.transport.write(b"".join([*head, b"connection: close\r\n\r\n", body]))
+        self.transport.close()
 
     # -- state ------------------------------------------------------------------------------------
     def _idle(self) -> bool:
@@ -222,6 +262,13 @@ class _GuardedH11(_Guard, H11Protocol):
         super().__init__(*args, **kwargs)
         self._guard_init()
 
+    def send_400_response(self, msg: str) -> None:
+        self._count_parser_refusal(answered=not self.transport.is_closing())
+        if len(self.conn._receive_buffer) > MAX_HEADER_BYTES:  # h11's "Receive buffer too long"
+            self._send_headers_too_large()
+        else:
+            super().send_400_response(msg)
+
     def _hold_reading(self) -> bool:
         # h11 keeps pipelined requests as unparsed bytes (its receive buffer; no public size)
         return self._overflow or len(self.conn._receive_buffer) > PIPELINE_BUFFER_BYTES
@@ -238,7 +285,10 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._guard_init()
-        self._header_bytes = 0
+        self._header_bytes = 0  # the request target and the complete headers, as the callbacks see them
+        self._head_read_bytes = 0  # the reads that began and ended inside the head
+        self._head_open = False
+        self._headers_too_large = False
         self._bad_request: str | None = None
 
     def send_400_response(self, msg: str) -> None:
@@ -248,7 +298,7 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         self.flow.pause_reading()
         last = self.pipeline[0][0] if self.pipeline else self.cycle
         if last is None or last.response_complete:
-            super().send_400_response(msg)
+            self._refuse(msg)
         elif last.keep_alive:  # else the connection closes after it, and nothing more is answered
             self._bad_request = msg
 
@@ -256,8 +306,16 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         super().on_response_complete()
         if self._bad_request is not None and not self.pipeline and self._idle():
             msg, self._bad_request = self._bad_request, None
-            if not self.transport.is_closing():
-                super().send_400_response(msg)
+            self._refuse(msg)
+
+    def _refuse(self, msg: str) -> None:
+        self._count_parser_refusal(answered=not self.transport.is_closing())
+        if self.transport.is_closing():
+            return
+        if self._headers_too_large:
+            self._send_headers_too_large()
+        else:
+            super().send_400_response(msg)
 
     def _hold_reading(self) -> bool:
         return self._overflow or len(self.pipeline) >= self._max_pipeline_depth
@@ -265,11 +323,24 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
     def _count_header_bytes(self, n: int) -> None:
         self._header_bytes += n
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise HeadersTooLargeError(f"request line and headers exceed {MAX_HEADER_BYTES} bytes")
+            self._headers_too_large = True
+            raise HeadersTooLargeError(HEADERS_TOO_LARGE)
+
+    def data_received(self, data: bytes) -> None:
+        head_open = self._head_open
+        super().data_received(data)
+        if head_open and self._head_open and not self._overflow:
+            # a read that began and ended inside the head: httptools buffers a header value until it
+            # ends, and calls no callback that could count it (78 MiB of one value in 8 s, unbounded)
+            self._head_read_bytes += len(data)
+            if self._head_read_bytes > MAX_HEADER_BYTES:
+                self._headers_too_large = True
+                self.send_400_response(HEADERS_TOO_LARGE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_bytes = 0
+        self._header_bytes = self._head_read_bytes = 0
+        self._head_open = True
 
     def on_url(self, url: bytes) -> None:
         self._count_header_bytes(len(url))
@@ -281,6 +352,7 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._head_open = False
         queued = len(self.pipeline)
         super().on_headers_complete()
         if len(self.pipeline) > queued and self._overflow:

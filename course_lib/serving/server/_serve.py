@@ -8,7 +8,7 @@
   capped error bodies, outcome counters);
 * uvicorn's parser (``config.http``: h11 or httptools) with the guards of
   :func:`~course_lib.serving.server._protocols.guarded_protocol` (header timeout, a connection limit
-  that evicts idle connections, a bounded pipeline), h11's header size limit, no WebSocket upgrades,
+  that evicts idle connections, a bounded pipeline, a header size limit), no WebSocket upgrades,
   no ``Server`` header, ``timeout_keep_alive`` and a bounded graceful shutdown.
 
 :func:`serve_app` is what a server subprocess runs: those settings plus an open-file limit that fits
