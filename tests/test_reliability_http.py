@@ -243,7 +243,10 @@ def test_a_request_the_parser_refuses_is_counted_as_a_client_error(server):
     for bad in (b"GARBAGE \x00\x01 NOT HTTP\r\n\r\n", b"GET / HTTP/1.1\r\nHost: t\r\nBad Name: x"):
         with connect(url) as sock:
             sock.sendall(bad + b"\r\n\r\n")
-            assert read_until_closed(sock).startswith(b"HTTP/1.1 400 ")
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"connection: close" in answer.lower(), answer[:200]
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])  # the door's error shape, not uvicorn's text
+        assert body["error"] == "bad_request" and "not valid HTTP/1.1" in body["message"], body
     wait_until(
         lambda: outcomes(url)["client_errors"] - before["client_errors"] == 2, what="two client errors"
     )

@@ -39,8 +39,9 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
 * **answers in order**: a request the httptools parser refuses (malformed, headers too large) is
   answered 400 and the connection closed only after the answers owed to the requests before it on
   the connection (uvicorn alone answers it at once and closes, and those answers are lost);
-* **counted**: such a request (either parser) never reaches the app, so the protocol counts it in the
-  door's ``DoorCounters``: one more ``requests`` and ``client_errors`` (``abandoned`` if the client
+* **answered and counted like the door's refusals**: such a request (either parser) never reaches the
+  app, so the protocol answers it with the door's JSON error body (400 ``bad_request``, or 431
+  ``headers_too_large``; uvicorn sends plain text) and counts it in the door's ``DoorCounters``: one more ``requests`` and ``client_errors`` (``abandoned`` if the client
   left before its 400 could be written), as ``/stats`` and ``/metrics`` report;
 * a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
   object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
@@ -59,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -82,6 +84,8 @@ IN_TIME_GRACE_S = 1.0
 MAX_HEADER_BYTES = 16_384
 #: The message of that 431.
 HEADERS_TOO_LARGE = f"the request target and headers exceed {MAX_HEADER_BYTES} bytes"
+#: The message of the 400 for a request the HTTP parser refuses.
+NOT_HTTP = "the request is not valid HTTP/1.1, so the server cannot read it; this connection closes"
 
 
 class HeadersTooLargeError(Exception):
@@ -167,13 +171,15 @@ class _Guard:
                 return
             app = getattr(app, "app", None)
 
-    def _send_headers_too_large(self) -> None:
-        """Answer a head over :data:`MAX_HEADER_BYTES` as the door answers the other refused heads (431,
-        a JSON error body, RFC 6585 section 5; uvicorn would send a plain 400), then close."""
-        body = json.dumps(
-            {"error": "headers_too_large", "message": HEADERS_TOO_LARGE, "details": []}
-        ).encode()
-        head = [b"HTTP/1.1 431 Request Header Fields Too Large\r\n"]
+    def _send_refusal(self, *, too_large: bool) -> None:
+        """Answer a request the parser refused as the door answers the other refused heads (a JSON error
+        body, ``connection: close``; uvicorn would send a plain-text 400), then close: 431 for a head over
+        :data:`MAX_HEADER_BYTES` (RFC 6585 section 5), else 400."""
+        status, error, message = (
+            (431, "headers_too_large", HEADERS_TOO_LARGE) if too_large else (400, "bad_request", NOT_HTTP)
+        )
+        body = json.dumps({"error": error, "message": message, "details": []}).encode()
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
         self.transport.write(b"".join([*head, b"connection: close\r\n\r\n", body]))
@@ -264,10 +270,8 @@ class _GuardedH11(_Guard, H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         self._count_parser_refusal(answered=not self.transport.is_closing())
-        if len(self.conn._receive_buffer) > MAX_HEADER_BYTES:  # h11's "Receive buffer too long"
-            self._send_headers_too_large()
-        else:
-            super().send_400_response(msg)
+        # h11's "Receive buffer too long": a head still incomplete past the limit
+        self._send_refusal(too_large=len(self.conn._receive_buffer) > MAX_HEADER_BYTES)
 
     def _hold_reading(self) -> bool:
         # h11 keeps pipelined requests as unparsed bytes (its receive buffer; no public size)
@@ -289,7 +293,7 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         self._head_read_bytes = 0  # the reads that began and ended inside the head
         self._head_open = False
         self._headers_too_large = False
-        self._bad_request: str | None = None
+        self._refusal_owed = False  # a refused request waits for the answers before it
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn writes its 400 (a request the parser refused) at once and closes: the answers still
@@ -298,24 +302,20 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         self.flow.pause_reading()
         last = self.pipeline[0][0] if self.pipeline else self.cycle
         if last is None or last.response_complete:
-            self._refuse(msg)
+            self._refuse()
         elif last.keep_alive:  # else the connection closes after it, and nothing more is answered
-            self._bad_request = msg
+            self._refusal_owed = True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._bad_request is not None and not self.pipeline and self._idle():
-            msg, self._bad_request = self._bad_request, None
-            self._refuse(msg)
+        if self._refusal_owed and not self.pipeline and self._idle():
+            self._refusal_owed = False
+            self._refuse()
 
-    def _refuse(self, msg: str) -> None:
+    def _refuse(self) -> None:
         self._count_parser_refusal(answered=not self.transport.is_closing())
-        if self.transport.is_closing():
-            return
-        if self._headers_too_large:
-            self._send_headers_too_large()
-        else:
-            super().send_400_response(msg)
+        if not self.transport.is_closing():
+            self._send_refusal(too_large=self._headers_too_large)
 
     def _hold_reading(self) -> bool:
         return self._overflow or len(self.pipeline) >= self._max_pipeline_depth
