@@ -373,6 +373,76 @@ def test_a_head_just_under_the_size_limit_is_served_however_it_is_cut(server):
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
 
 
+def _server_has_read(sock: socket.socket) -> bool:
+    """True when the server's end of ``sock`` has nothing left in its kernel receive queue (Linux)."""
+    here, there = sock.getsockname(), sock.getpeername()
+    local, remote = f"{there[1]:04X}", f"{here[1]:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(":" + local) and fields[2].endswith(":" + remote):
+            return int(fields[4].split(":")[1], 16) == 0
+    return True  # closed
+
+
+def send_in_reads(url: str, data: bytes, cuts: list[int]) -> list[int]:
+    """Send ``data`` cut at ``cuts``, each piece only once the server has read the one before (so each is
+    its own read); the statuses of the answers, read until the server closes."""
+    with connect(url) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start, end in zip([0, *cuts], [*cuts, len(data)], strict=True):
+            sock.sendall(data[start:end])
+            wait_until(lambda: _server_has_read(sock), what="the server to read a piece")
+        return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", read_until_closed(sock))]
+
+
+def test_heads_within_the_limit_are_served_however_reads_cut_them(server):
+    """From a breaker: httptools counted a read that began in one pipelined head and ended in the next
+    as head bytes (9 kB heads got a 431), and both parsers counted the request line and CRLFs of a
+    head cut across reads but not of a whole one (a head at the limit got a 431 when cut)."""
+    url, _ = server
+    cookie = request(extra=b"Cookie: " + b"c" * 9000 + b"\r\n")
+    two = cookie + cookie.replace(b"Content-Type", b"Connection: close\r\nContent-Type")
+    end_of_second = len(cookie) + two[len(cookie) :].index(b"\r\n\r\n")
+    assert send_in_reads(url, two, [10, end_of_second - 10]) == [200, 200]
+    filler = request(extra=b"Connection: close\r\nX-Filler: \r\n")
+    at_limit = filler.replace(
+        b"X-Filler: ", b"X-Filler: " + b"a" * (MAX_HEADER_BYTES - filler.index(b"\r\n\r\n") - 4)
+    )
+    head_end = at_limit.index(b"\r\n\r\n") + 4
+    assert head_end == MAX_HEADER_BYTES
+    assert send_in_reads(url, at_limit, [1, head_end - 10]) == [200]
+    assert send_in_reads(url, at_limit, []) == [200]
+    assert send_in_reads(url, at_limit.replace(b"X-Filler: ", b"X-Filler: a"), []) == [431]
+
+
+def test_a_body_the_parser_refuses_is_answered_400_at_once_and_counted_once(server):
+    """From a breaker: a malformed chunk was counted twice (the door's request and the protocol's
+    refusal), and on httptools answered 408 only after the body timeout."""
+    url, _ = server
+    before = outcomes(url)
+    raw = b'POST /predict HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"cus\r\nZZ\r\n'
+    with connect(url) as sock:
+        sock.sendall(raw)
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and len(re.findall(rb"HTTP/1\.1 \d{3} ", answer)) == 1, answer
+    assert b"connection: close" in answer.lower()
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "bad_body"
+    seen = {"requests": 1, "client_errors": 1, "abandoned": 0, "ok": 0}
+    wait_until(lambda: {k: outcomes(url)[k] - before[k] for k in seen} == seen, what=f"counts {seen}")
+    assert serving(url)
+
+
+def test_a_malformed_request_with_a_large_body_is_a_400_not_a_431(server):
+    """From a breaker: h11 answered 431 to any refused request while its buffer held over 16 KiB."""
+    url, _ = server
+    raw = request(body=b"x" * 20_000).replace(b"Content-Length: 20000", b"Content-Length: abc")
+    with connect(url) as sock:
+        sock.sendall(raw)
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert serving(url)
+
+
 def test_a_refused_head_that_expects_100_continue_is_answered_without_asking_for_the_body(server):
     """The client waits for 100 Continue before sending its body: the door must not ask for the body
     (reading it makes uvicorn send 100 Continue) and then wait the body timeout for it."""

@@ -5,7 +5,9 @@
 * ``_serve``: ``uvicorn_config`` (the settings every server gets) and ``serve_app`` (what runs inside a
   server subprocess: open-file limit, lifetime, exit with the parent, readiness line);
 * ``_protocols``: ``guarded_protocol``, uvicorn's h11 or httptools protocol with a header timeout, a
-  connection limit that evicts idle connections and a bounded pipeline;
+  header size limit, a connection limit that evicts idle connections and a bounded pipeline;
+* ``_refusals``: what a refused request is told (``MAX_HEADER_BYTES`` and how a head is counted, the
+  JSON error body through ASGI or written raw for a request the parser refused);
 * ``_door``: ``Door``, the ASGI middleware in front of every app (Host and encoding checks, body
   limits, admission control with 503 + ``Retry-After``, deadlines, clients that left, outcome counters);
 * ``_request``: what an app may ask about its request (``client_gone``, ``request_deadline``,
@@ -28,7 +30,8 @@ from course_lib.serving.server._config import (
     to_argv,
 )
 from course_lib.serving.server._door import DEADLINE_HEADER, PROBE_PATHS, Door
-from course_lib.serving.server._protocols import CONNECTION_EXTENSION, MAX_HEADER_BYTES, guarded_protocol
+from course_lib.serving.server._protocols import CONNECTION_EXTENSION, guarded_protocol
+from course_lib.serving.server._refusals import MAX_HEADER_BYTES
 from course_lib.serving.server._request import (
     LATENCY_BUCKETS_S,
     OUTCOMES,

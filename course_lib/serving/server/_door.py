@@ -55,18 +55,20 @@ documentation, "Middleware" (pure ASGI middleware); RFC 9110 sections 10.2.3 (``
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
-from http import HTTPStatus
 from typing import Any
 
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
-from course_lib.serving.server._protocols import (
-    CONNECTION_EXTENSION,
+from course_lib.serving.server._protocols import CONNECTION_EXTENSION, PIPELINE_OVERFLOW_EXTENSION
+from course_lib.serving.server._refusals import (
+    BODY_REFUSAL_EXTENSION,
     HEADERS_TOO_LARGE,
     MAX_HEADER_BYTES,
-    PIPELINE_OVERFLOW_EXTENSION,
+    body_refusal,
+    head_bytes,
+    json_answer,
+    short_error_body,
 )
 from course_lib.serving.server._request import _CURRENT, DoorCounters, Refusal, _Exchange
 
@@ -76,17 +78,6 @@ DEADLINE_HEADER = b"x-request-timeout-ms"
 PROBE_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/stats", "/metrics", "/batcher"})
 _HOST = re.compile(rb"^(?:[A-Za-z0-9.\-_~]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
 _MAX_DEADLINE_MS = 600_000.0
-
-
-def _json_answer(refusal: Refusal, *, close: bool, retry_after_s: int | None = None) -> tuple[dict, dict]:
-    body = json.dumps({"error": refusal.error, "message": refusal.message, "details": []}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if retry_after_s is not None:
-        headers.append((b"retry-after", str(retry_after_s).encode()))
-    if close:
-        headers.append((b"connection", b"close"))
-    start = {"type": "http.response.start", "status": refusal.status, "headers": headers}
-    return start, {"type": "http.response.body", "body": body}
 
 
 class Door:
@@ -122,9 +113,7 @@ class Door:
                 "and the requests sent after this one are not answered: send them again on a new connection",
             ), None
         hosts, encodings, length, timeout, transfer_encoded = [], [], None, None, False
-        head_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
         for name, value in scope.get("headers", ()):
-            head_bytes += len(name) + len(value) + 4
             if name == b"host":
                 hosts.append(value)
             elif name == b"content-encoding":
@@ -136,7 +125,10 @@ class Door:
                 encodings.extend(t for t in value.split(b",") if t.strip().lower() != b"chunked")
             elif name == DEADLINE_HEADER:
                 timeout = value
-        if head_bytes > MAX_HEADER_BYTES:  # h11 checks only headers still incomplete after a read
+        size = head_bytes(
+            scope["method"], scope.get("raw_path") or b"", scope.get("query_string") or b"", scope["headers"]
+        )
+        if size > MAX_HEADER_BYTES:  # h11 checks only a head still incomplete after a read
             return Refusal(431, "headers_too_large", HEADERS_TOO_LARGE), None
         if len(hosts) > 1 or (not hosts and scope.get("http_version") != "1.0"):
             return Refusal(400, "bad_host", "a request must carry exactly one Host header"), None
@@ -181,6 +173,7 @@ class Door:
         probe = scope["method"] in ("GET", "HEAD") and scope["path"] in PROBE_PATHS
         refusal, deadline = self._check_head(scope)
         exchange = _Exchange(self, connection, deadline, loop.time() + config.body_timeout_s)
+        exchange.extensions = scope.get("extensions", {})
         token = _CURRENT.set(exchange)
         try:
             if probe and refusal is None:
@@ -265,6 +258,8 @@ class Door:
                 return {"type": "http.disconnect"}
             if exchange.body_done:
                 return await receive()
+            if self._body_refused(exchange):
+                return {"type": "http.disconnect"}
             remaining = exchange.body_deadline - asyncio.get_running_loop().time()
             # waiting for the client's body is not waiting for this server (nor a reason to shed others)
             entered = self._entered.pop(id(exchange), None)
@@ -279,6 +274,8 @@ class Door:
             finally:
                 if entered is not None and exchange.admitted:
                     self._entered[id(exchange)] = entered
+            if self._body_refused(exchange):
+                return {"type": "http.disconnect"}
             if message["type"] == "http.request":
                 exchange.body_bytes += len(message.get("body", b""))
                 exchange.body_done = not message.get("more_body", False)
@@ -310,14 +307,17 @@ class Door:
                 if exchange.refusal is not None and status != exchange.refusal.status:
                     return  # the door answers instead (see _admit)
                 headers = list(message.get("headers", ()))
-                if status >= 400 and not exchange.body_done and not await self._drain(exchange, receive):
+                unread = BODY_REFUSAL_EXTENSION in exchange.extensions  # the parser gave up on the body
+                if status >= 400 and (
+                    unread or (not exchange.body_done and not await self._drain(exchange, receive))
+                ):
                     headers.append((b"connection", b"close"))
                 if status == 503 and not any(k.lower() == b"retry-after" for k, _ in headers):
                     headers.append((b"retry-after", str(config.retry_after_s).encode()))
                 length = next((v for k, v in headers if k.lower() == b"content-length"), b"")
                 if status >= 400 and (not length.isdigit() or int(length) > config.max_error_body_bytes):
                     exchange.replace_body = True
-                    body = self._short_error_body(status)
+                    body = short_error_body(status, self.config.max_error_body_bytes)
                     headers = [
                         (k, v)
                         for k, v in headers
@@ -337,20 +337,24 @@ class Door:
             if exchange.replace_body:
                 if final:
                     await send(
-                        {"type": "http.response.body", "body": self._short_error_body(exchange.status)}
+                        {
+                            "type": "http.response.body",
+                            "body": short_error_body(exchange.status, self.config.max_error_body_bytes),
+                        }
                     )
                 return None
             return await send(message)
 
         return checked_send
 
-    def _short_error_body(self, status: int) -> bytes:
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = "Error"
-        cap = self.config.max_error_body_bytes
-        return json.dumps({"error": phrase.lower().replace(" ", "_"), "message": phrase}).encode()[:cap]
+    def _body_refused(self, exchange: _Exchange) -> bool:
+        """True (and ``exchange.refusal`` set) once the parser has refused the body the app is reading."""
+        why = exchange.extensions.get(BODY_REFUSAL_EXTENSION)
+        if why is None:
+            return False
+        exchange.body_done = True  # nothing more is read from this connection
+        exchange.refusal = body_refusal(why)
+        return True
 
     async def _drain(self, exchange: _Exchange, receive: Any) -> bool:
         """Read and discard the rest of the body (bounded); True if it all arrived."""
@@ -358,7 +362,7 @@ class Door:
         drained = exchange.body_bytes
         while not exchange.body_done and drained <= self.config.max_drain_bytes:
             remaining = exchange.body_deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or BODY_REFUSAL_EXTENSION in exchange.extensions:
                 return False
             try:
                 async with asyncio.timeout(remaining):
@@ -379,7 +383,7 @@ class Door:
         drained = exchange.body_done or refusal.status in (408, 503) or await self._drain(exchange, receive)
         retry = config.retry_after_s if refusal.status == 503 else None
         close = close or not drained or refusal.status in (400, 431)
-        start, body = _json_answer(refusal, close=close, retry_after_s=retry)
+        start, body = json_answer(refusal, close=close, retry_after_s=retry)
         exchange.status = refusal.status
         exchange.gone_at_answer = exchange.connection is not None and exchange.connection.client_gone()
         exchange.complete = True

@@ -6,27 +6,23 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
 * a **header read timeout**: a connection must deliver a request's complete headers within
   ``header_timeout_s`` of connecting (or of the previous answer), else it is closed (slowloris: uvicorn
   alone waits forever for headers);
-* a **header size limit**, :data:`MAX_HEADER_BYTES`, so headers streamed quickly cannot fill memory:
-  httptools counts them as it parses, h11 bounds a head still incomplete after a read
-  (``h11_max_incomplete_event_size``), and the door refuses a complete head over the limit that
-  arrived in one read (h11 parses it whole); all three answer 431 with a JSON error body;
+* a **header size limit** (``_refusals.MAX_HEADER_BYTES``), so a head streamed quickly cannot fill
+  memory: httptools counts the fields as it parses and the reads inside one head (it buffers a value
+  until it ends), h11 bounds a head still incomplete after a read, and the door refuses a whole head
+  over the limit that came in one read (h11 parses it whole); each answers 431;
 * a **connection limit**: at most ``max_connections`` connections stay open; a new one beyond that
   closes the longest-open *idle* one (no request in flight: a slowloris, an idle keep-alive socket; not
   one already closing), or itself if every connection is busy, so idle sockets cannot use up the
   open-file limit;
-* **no request lost to an idle timer**: uvicorn closes a connection idle for ``timeout_keep_alive``
-  (and the header timeout closes one idle for ``header_timeout_s``); a request whose bytes reached the
-  kernel just before, not yet read by a busy loop, would be dropped with a reset and never answered
-  (the client sees its kept-alive connection fail). A timer that finds such bytes waiting (a poll,
-  ``course_lib.core._sockets``) gives them ``IN_TIME_GRACE_S`` to be read, once per idle spell; one
-  that finds none sends the end of stream at once (unless an answer is still being sent to a slow
-  reader), not a loop pass later when the transport closes the socket, so a client that checks
-  before reusing the connection (the course's ``WireClient``, urllib3) sees it. What remains (bytes
-  written in the microseconds between the poll and the end of stream) is the client's to avoid, by an
-  idle limit below the server's keep-alive (RFC 9112 section 9.3.1: a kept-alive connection may close
-  at any time). Measured with 100 clients each sending exactly at a 1 s keep-alive, 1,500 requests
-  (December 2026, 2 cores): 222 lost without these checks, 1-3 with the server's and the client's;
-  none once the client's idle limit is below the keep-alive;
+* **no request lost to an idle timer**: a request whose bytes reached the kernel just before uvicorn's
+  keep-alive timer (or the header timer) fired, unread by a busy loop, was dropped with a reset. A
+  timer that finds bytes waiting (a poll, ``course_lib.core._sockets``) gives them ``IN_TIME_GRACE_S``
+  once per idle spell; one that finds none sends the end of stream at once (unless an answer is still
+  being sent), so a client that checks before reusing the connection (``WireClient``, urllib3) sees
+  it. The rest is the client's to avoid, by an idle limit below the server's keep-alive (RFC 9112
+  section 9.3.1). 100 clients sending exactly at a 1 s keep-alive (1,500 requests, December 2026, 2
+  cores) lost 222 without these checks, 1-3 with the server's and the client's, none once the
+  client's idle limit is below the keep-alive;
 * a **bounded pipeline**: uvicorn resumes reading a connection whenever the app asks for body bytes,
   so a client that pipelines requests without reading answers makes it buffer without bound (h11 keeps
   them as bytes, httptools as parsed request objects). Reading pauses while more than
@@ -36,13 +32,13 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   runtime's door answers it 429 ``pipeline_too_deep`` with ``Connection: close`` after the queued
   ones, and the requests after it are not answered (RFC 9112 section 9.3.2: a client retries
   unanswered pipelined requests on a new connection; section 9.6: none are read after a close);
-* **answers in order**: a request the httptools parser refuses (malformed, headers too large) is
-  answered 400 and the connection closed only after the answers owed to the requests before it on
-  the connection (uvicorn alone answers it at once and closes, and those answers are lost);
-* **answered and counted like the door's refusals**: such a request (either parser) never reaches the
-  app, so the protocol answers it with the door's JSON error body (400 ``bad_request``, or 431
-  ``headers_too_large``; uvicorn sends plain text) and counts it in the door's ``DoorCounters``: one more ``requests`` and ``client_errors`` (``abandoned`` if the client
-  left before its 400 could be written), as ``/stats`` and ``/metrics`` report;
+* **refusals in order, once, in the door's words**: a head the parser refuses (malformed: 400; too
+  large: 431) is answered with the door's JSON error body after the answers owed to the requests
+  before it (uvicorn alone writes plain text at once and closes, and those answers are lost), then
+  the connection closes; it never reaches the app, so it is counted here in the door's
+  ``DoorCounters`` (``client_errors``, or ``abandoned`` if the client left first). A body the parser
+  refuses belongs to a request the door already holds: the door answers and counts it
+  (``_refusals.BODY_REFUSAL_EXTENSION``);
 * a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
   object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
   the client has closed its side, so work for a client that left can be dropped right before it
@@ -59,8 +55,7 @@ Linux ``recv(2)`` (``MSG_PEEK``, ``MSG_DONTWAIT``: 0 bytes means the peer shut d
 from __future__ import annotations
 
 import asyncio
-import json
-from http import HTTPStatus
+import sys
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -69,6 +64,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from course_lib.core._sockets import end_stream_now, peek, readable
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
+from course_lib.serving.server._refusals import (
+    BODY_REFUSAL_EXTENSION,
+    HEADERS_TOO_LARGE,
+    MAX_HEADER_BYTES,
+    raw_answer,
+    refused_by_parser,
+)
 from course_lib.serving.server._request import DoorCounters
 
 #: Key of the connection handle in ``scope["extensions"]``.
@@ -79,17 +81,10 @@ PIPELINE_OVERFLOW_EXTENSION = "course.pipeline_overflow"
 PIPELINE_BUFFER_BYTES = 65_536
 #: Time a request that reached the kernel as an idle connection's timer fired gets to be read (s).
 IN_TIME_GRACE_S = 1.0
-#: Largest request target plus headers accepted (h11's own default for an incomplete head, 16 KiB);
-#: a larger head is answered 431 (RFC 6585 section 5).
-MAX_HEADER_BYTES = 16_384
-#: The message of that 431.
-HEADERS_TOO_LARGE = f"the request target and headers exceed {MAX_HEADER_BYTES} bytes"
-#: The message of the 400 for a request the HTTP parser refuses.
-NOT_HTTP = "the request is not valid HTTP/1.1, so the server cannot read it; this connection closes"
 
 
 class HeadersTooLargeError(Exception):
-    """Raised inside the httptools parser callbacks; the parser turns it into a 400 and a close."""
+    """Raised inside the httptools parser callbacks; the parser fails, and the head is answered 431."""
 
 
 class _GuardedFlow(FlowControl):
@@ -156,33 +151,29 @@ class _Guard:
         return readable(self.transport)
 
     def _count_parser_refusal(self, *, answered: bool) -> None:
-        """Count a request the HTTP parser refused (uvicorn answers it 400 itself, outside the app) in
-        the door's counters: ``client_errors`` when its 400 is written, ``abandoned`` when the client
-        left before it could be."""
+        """Count a head the parser refused (it never reaches the app) in the door's counters."""
         app = self._inner_app
         for _ in range(8):  # the Door, or a middleware in front of it (an ASGI app's ``app``)
-            counters = getattr(app, "counters", None)
-            if isinstance(counters, DoorCounters):
+            if isinstance(counters := getattr(app, "counters", None), DoorCounters):
                 counters.requests += 1
-                if answered:
-                    counters.client_errors += 1
-                else:
-                    counters.abandoned += 1
+                counters.client_errors += answered
+                counters.abandoned += not answered
                 return
             app = getattr(app, "app", None)
 
+    def _refuse_body(self, cycle: Any, why: str) -> None:
+        """Hand a refusal of ``cycle``'s body (``why``: the extension's value) to the door, which reads it
+        at the app's next ``receive`` (woken here); nothing more is read from the connection."""
+        self._overflow = True
+        self.flow.pause_reading()
+        cycle.scope.setdefault("extensions", {})[BODY_REFUSAL_EXTENSION] = why
+        cycle.message_event.set()
+
     def _send_refusal(self, *, too_large: bool) -> None:
         """Answer a request the parser refused as the door answers the other refused heads (a JSON error
-        body, ``connection: close``; uvicorn would send a plain-text 400), then close: 431 for a head over
-        :data:`MAX_HEADER_BYTES` (RFC 6585 section 5), else 400."""
-        status, error, message = (
-            (431, "headers_too_large", HEADERS_TOO_LARGE) if too_large else (400, "bad_request", NOT_HTTP)
-        )
-        body = json.dumps({"error": error, "message": message, "details": []}).encode()
-        head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
-        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
-        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
-        self.transport.write(b"".join([*head, b"connection: close\r\n\r\n", body]))
+        body and ``connection: close``; uvicorn would send a plain-text 400), then close."""
+        refusal = refused_by_parser(too_large=too_large)
+        self.transport.write(raw_answer(refusal, self.server_state.default_headers))
         self.transport.close()
 
     # -- state ------------------------------------------------------------------------------------
@@ -269,9 +260,16 @@ class _GuardedH11(_Guard, H11Protocol):
         self._guard_init()
 
     def send_400_response(self, msg: str) -> None:
+        # called inside uvicorn's ``except h11.RemoteProtocolError``: its status hint tells a head (or
+        # trailer) still incomplete past the limit, 431 ("Receive buffer too long"), from the rest
+        too_large = getattr(sys.exc_info()[1], "error_status_hint", 400) == 431
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_complete:
+            # the body of the request the app is reading: the door answers it, once
+            self._refuse_body(cycle, "trailers_too_large" if too_large else "bad_body")
+            return
         self._count_parser_refusal(answered=not self.transport.is_closing())
-        # h11's "Receive buffer too long": a head still incomplete past the limit
-        self._send_refusal(too_large=len(self.conn._receive_buffer) > MAX_HEADER_BYTES)
+        self._send_refusal(too_large=too_large)
 
     def _hold_reading(self) -> bool:
         # h11 keeps pipelined requests as unparsed bytes (its receive buffer; no public size)
@@ -292,12 +290,18 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         self._header_bytes = 0  # the request target and the complete headers, as the callbacks see them
         self._head_read_bytes = 0  # the reads that began and ended inside the head
         self._head_open = False
+        self._in_body = False  # the parser is in the body of self.cycle (its head was handed on)
+        self._messages = 0  # heads begun on this connection
         self._headers_too_large = False
         self._refusal_owed = False  # a refused request waits for the answers before it
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn writes its 400 (a request the parser refused) at once and closes: the answers still
         # owed to the requests before it on this connection would be lost. It is written after them.
+        if self._in_body and not self.cycle.response_complete:
+            # the body of a request already handed to the door: the door answers it, once
+            self._refuse_body(self.cycle, "trailers_too_large" if self._headers_too_large else "bad_body")
+            return
         self._overflow = True  # the parser has failed: nothing more is read
         self.flow.pause_reading()
         last = self.pipeline[0][0] if self.pipeline else self.cycle
@@ -327,9 +331,9 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
             raise HeadersTooLargeError(HEADERS_TOO_LARGE)
 
     def data_received(self, data: bytes) -> None:
-        head_open = self._head_open
+        head_open, messages = self._head_open, self._messages
         super().data_received(data)
-        if head_open and self._head_open and not self._overflow:
+        if head_open and self._head_open and self._messages == messages and not self._overflow:
             # a read that began and ended inside the head: httptools buffers a header value until it
             # ends, and calls no callback that could count it (78 MiB of one value in 8 s, unbounded)
             self._head_read_bytes += len(data)
@@ -340,21 +344,26 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_bytes = self._head_read_bytes = 0
-        self._head_open = True
+        self._head_open, self._in_body = True, False
+        self._messages += 1
 
     def on_url(self, url: bytes) -> None:
         self._count_header_bytes(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_header_bytes(len(name) + len(value) + 4)
+        if self._head_open:  # a trailer field is not counted (h11 parses a whole trailer section too)
+            self._count_header_bytes(len(name) + len(value) + 4)  # "name: value" CRLF
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        # the request line's method, two spaces, "HTTP/1.1" and CRLF, and the blank line
+        self._count_header_bytes(len(self.parser.get_method()) + 14)
         self._head_open = False
         queued = len(self.pipeline)
         super().on_headers_complete()
+        self._in_body = True
         if len(self.pipeline) > queued and self._overflow:
             self.pipeline.popleft()  # after the refused one: never queued, never answered
         elif len(self.pipeline) > queued and queued >= self._max_pipeline_depth:
@@ -367,6 +376,10 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
             scope.setdefault("extensions", {})[PIPELINE_OVERFLOW_EXTENSION] = self._max_pipeline_depth
         elif self._hold_reading():
             self.flow.pause_reading()
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        super().on_message_complete()
 
 
 def guarded_protocol(config: ServerConfig = DEFAULTS) -> type[asyncio.Protocol]:

@@ -80,6 +80,7 @@ class _Exchange:
     gone_at_answer: bool = False
     admitted: bool = False  # between the door's admission and the app's return
     client_deadline: float | None = None  # the client's own, when the door's queue-wait bound replaced it
+    extensions: dict[str, Any] = field(default_factory=dict)  # the request scope's, shared with the protocol
 
 
 def request_deadline() -> float | None:

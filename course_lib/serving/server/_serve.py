@@ -40,7 +40,8 @@ import uvicorn
 from course_lib.core._process import LOOPBACK_HOST, exit_with_parent
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._door import Door
-from course_lib.serving.server._protocols import MAX_HEADER_BYTES, guarded_protocol
+from course_lib.serving.server._protocols import guarded_protocol
+from course_lib.serving.server._refusals import MAX_HEADER_BYTES
 
 #: File descriptor a server writes "<pid>\n" to once it accepts connections (set by ``run_processes``).
 READY_FD_ENV = "COURSE_SERVER_READY_FD"
