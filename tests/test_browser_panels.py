@@ -31,6 +31,7 @@ import httpx
 import pytest
 from components import CHROMIUM, require_component
 
+from course_lib.core._guard import guard_command
 from course_lib.core.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,12 +94,15 @@ def lab(tmp_path_factory):
     args = f"--no-browser --port={port} --ServerApp.port_retries=0 --IdentityProvider.token={token}"
     log = (tmp_path_factory.mktemp("lab-log") / "lab.log").open("w")
     proc = subprocess.Popen(
-        ["make", "-s", "lab", f"LAB_ARGS={args}"],
+        # under the course's guard, in a group of its own: make, jupyter and its kernels stop together,
+        # also when pytest itself is killed (this fixture's finally never runs then; a lab and three
+        # kernels outlived a killed run)
+        guard_command(["make", "-s", "lab", f"LAB_ARGS={args}"], group=True, stop_timeout_s=30),
         cwd=ROOT,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
-        start_new_session=True,  # one process group: make, jupyter and its kernels stop together
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
 
