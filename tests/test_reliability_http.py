@@ -432,6 +432,57 @@ def test_a_body_the_parser_refuses_is_answered_400_at_once_and_counted_once(serv
     assert serving(url)
 
 
+def test_from_a_second_breaker_refusals_are_prompt_and_counted_once(server, servers):
+    """httptools: a too-large head that came in the connection's first read and never ended got no
+    answer until the header timeout; a malformed request pipelined after one whose answer closed the
+    connection was counted as abandoned, though never read; a probe path with a bad chunked body was
+    answered 200 and the connection held open (and a bad chunk after its answer got an unrequested 400)."""
+    url, _ = server
+    with connect(url) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: t\r\nX-F: " + b"a" * 60_000)
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 431 ")
+    before = outcomes(url)
+    with connect(url) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: a b\r\nContent-Length: 2\r\n\r\n{}GARBAGE\x00\r\n\r\n")
+        answers = read_until_closed(sock)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answers) == [b"400"] and b"bad_host" in answers
+    with connect(url) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower(), answer[:300]
+    with connect(url) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+        sock.sendall(b"ZZ\r\n")  # a bad chunk after the answer: the connection closes, nothing more
+        rest = read_until_closed(sock)
+    assert head.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1" not in rest, rest
+    seen = {"requests": 3, "client_errors": 1, "ok": 2, "abandoned": 0}
+    wait_until(lambda: {k: outcomes(url)[k] - before[k] for k in seen} == seen, what=f"counts {seen}")
+    assert serving(url)
+
+
+def test_a_trailer_value_that_never_ends_is_refused_with_memory_bounded(server):
+    """From a second breaker: httptools buffered it until the body timeout (151 MiB on one connection)."""
+    url, pid = server
+    start = request(body=b"").replace(b"Content-Length: 0", b"Transfer-Encoding: chunked")
+    data = start + b"2\r\n{}\r\n0\r\nX-T: " + b"a" * (32 * 2**20)
+    sock, stop = connect(url), threading.Event()
+    sender = threading.Thread(target=_flood, args=(sock, data, stop), daemon=True)
+    try:
+        with sample_rss(pid, interval_s=0.02) as rss:
+            sender.start()
+            answer = read_until_closed(sock)
+    finally:
+        stop.set()
+        sock.close()
+        sender.join(10)
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"trailers_too_large" in answer, answer[:300]
+    assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+    assert serving(url)
+
+
 def test_a_malformed_request_with_a_large_body_is_a_400_not_a_431(server):
     """From a breaker: h11 answered 431 to any refused request while its buffer held over 16 KiB."""
     url, _ = server

@@ -74,7 +74,7 @@ from course_lib.serving.server._request import _CURRENT, DoorCounters, Refusal, 
 
 #: The request header carrying the client's timeout in ms (the idea of Envoy's expected-timeout header).
 DEADLINE_HEADER = b"x-request-timeout-ms"
-#: GET/HEAD paths never refused by admission and not counted (health, readiness, counters, metrics).
+#: GET/HEAD paths never refused by admission nor counted (health, readiness, counters...) if bodiless.
 PROBE_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/stats", "/metrics", "/batcher"})
 _HOST = re.compile(rb"^(?:[A-Za-z0-9.\-_~]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
 _MAX_DEADLINE_MS = 600_000.0
@@ -171,6 +171,7 @@ class Door:
         started = time.perf_counter()
         connection = scope.get("extensions", {}).get(CONNECTION_EXTENSION)
         probe = scope["method"] in ("GET", "HEAD") and scope["path"] in PROBE_PATHS
+        probe = probe and not any(k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
         refusal, deadline = self._check_head(scope)
         exchange = _Exchange(self, connection, deadline, loop.time() + config.body_timeout_s)
         exchange.extensions = scope.get("extensions", {})
@@ -307,9 +308,8 @@ class Door:
                 if exchange.refusal is not None and status != exchange.refusal.status:
                     return  # the door answers instead (see _admit)
                 headers = list(message.get("headers", ()))
-                unread = BODY_REFUSAL_EXTENSION in exchange.extensions  # the parser gave up on the body
-                if status >= 400 and (
-                    unread or (not exchange.body_done and not await self._drain(exchange, receive))
+                if BODY_REFUSAL_EXTENSION in exchange.extensions or (  # the parser gave up on the body
+                    status >= 400 and not exchange.body_done and not await self._drain(exchange, receive)
                 ):
                     headers.append((b"connection", b"close"))
                 if status == 503 and not any(k.lower() == b"retry-after" for k, _ in headers):

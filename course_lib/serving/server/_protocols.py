@@ -65,13 +65,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from course_lib.core._sockets import end_stream_now, peek, readable
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._refusals import (
-    BODY_REFUSAL_EXTENSION,
     HEADERS_TOO_LARGE,
     MAX_HEADER_BYTES,
+    count_parser_refusal,
     raw_answer,
+    refuse_body,
     refused_by_parser,
 )
-from course_lib.serving.server._request import DoorCounters
 
 #: Key of the connection handle in ``scope["extensions"]``.
 CONNECTION_EXTENSION = "course.connection"
@@ -150,30 +150,16 @@ class _Guard:
             return False
         return readable(self.transport)
 
-    def _count_parser_refusal(self, *, answered: bool) -> None:
-        """Count a head the parser refused (it never reaches the app) in the door's counters."""
-        app = self._inner_app
-        for _ in range(8):  # the Door, or a middleware in front of it (an ASGI app's ``app``)
-            if isinstance(counters := getattr(app, "counters", None), DoorCounters):
-                counters.requests += 1
-                counters.client_errors += answered
-                counters.abandoned += not answered
-                return
-            app = getattr(app, "app", None)
-
     def _refuse_body(self, cycle: Any, why: str) -> None:
-        """Hand a refusal of ``cycle``'s body (``why``: the extension's value) to the door, which reads it
-        at the app's next ``receive`` (woken here); nothing more is read from the connection."""
+        """The parser refused ``cycle``'s body: nothing more is read; the door answers (``refuse_body``)."""
         self._overflow = True
         self.flow.pause_reading()
-        cycle.scope.setdefault("extensions", {})[BODY_REFUSAL_EXTENSION] = why
-        cycle.message_event.set()
+        refuse_body(self.transport, cycle, why)
 
     def _send_refusal(self, *, too_large: bool) -> None:
-        """Answer a request the parser refused as the door answers the other refused heads (a JSON error
-        body and ``connection: close``; uvicorn would send a plain-text 400), then close."""
-        refusal = refused_by_parser(too_large=too_large)
-        self.transport.write(raw_answer(refusal, self.server_state.default_headers))
+        self.transport.write(
+            raw_answer(refused_by_parser(too_large=too_large), self.server_state.default_headers)
+        )
         self.transport.close()
 
     # -- state ------------------------------------------------------------------------------------
@@ -264,11 +250,10 @@ class _GuardedH11(_Guard, H11Protocol):
         # trailer) still incomplete past the limit, 431 ("Receive buffer too long"), from the rest
         too_large = getattr(sys.exc_info()[1], "error_status_hint", 400) == 431
         cycle = self.cycle
-        if cycle is not None and cycle.more_body and not cycle.response_complete:
-            # the body of the request the app is reading: the door answers it, once
+        if cycle is not None and cycle.more_body:
             self._refuse_body(cycle, "trailers_too_large" if too_large else "bad_body")
             return
-        self._count_parser_refusal(answered=not self.transport.is_closing())
+        count_parser_refusal(self._inner_app, answered=not self.transport.is_closing())
         self._send_refusal(too_large=too_large)
 
     def _hold_reading(self) -> bool:
@@ -289,6 +274,8 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         self._guard_init()
         self._header_bytes = 0  # the request target and the complete headers, as the callbacks see them
         self._head_read_bytes = 0  # the reads that began and ended inside the head
+        self._framing_bytes = 0  # the reads inside the body since its last body byte
+        self._body_in_read = False
         self._head_open = False
         self._in_body = False  # the parser is in the body of self.cycle (its head was handed on)
         self._messages = 0  # heads begun on this connection
@@ -298,8 +285,7 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         # uvicorn writes its 400 (a request the parser refused) at once and closes: the answers still
         # owed to the requests before it on this connection would be lost. It is written after them.
-        if self._in_body and not self.cycle.response_complete:
-            # the body of a request already handed to the door: the door answers it, once
+        if self._in_body:  # the body of a request already handed to the door
             self._refuse_body(self.cycle, "trailers_too_large" if self._headers_too_large else "bad_body")
             return
         self._overflow = True  # the parser has failed: nothing more is read
@@ -314,10 +300,11 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         super().on_response_complete()
         if self._refusal_owed and not self.pipeline and self._idle():
             self._refusal_owed = False
-            self._refuse()
+            if self.cycle.keep_alive:  # else the answer before it closed the connection: never read
+                self._refuse()
 
     def _refuse(self) -> None:
-        self._count_parser_refusal(answered=not self.transport.is_closing())
+        count_parser_refusal(self._inner_app, answered=not self.transport.is_closing())
         if not self.transport.is_closing():
             self._send_refusal(too_large=self._headers_too_large)
 
@@ -331,19 +318,31 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
             raise HeadersTooLargeError(HEADERS_TOO_LARGE)
 
     def data_received(self, data: bytes) -> None:
-        head_open, messages = self._head_open, self._messages
+        # httptools buffers a header (or trailer) value until it ends, uncounted (78 MiB in 8 s): the
+        # reads inside one head are counted, and those inside one body that carry no body bytes
+        head_open, in_body, messages = self._head_open, self._in_body, self._messages
+        self._body_in_read = False
         super().data_received(data)
-        if head_open and self._head_open and self._messages == messages and not self._overflow:
-            # a read that began and ended inside the head: httptools buffers a header value until it
-            # ends, and calls no callback that could count it (78 MiB of one value in 8 s, unbounded)
-            self._head_read_bytes += len(data)
+        if self._overflow:
+            return
+        if self._head_open and (head_open or not in_body) and self._messages - messages == int(not head_open):
+            self._head_read_bytes += len(data)  # one head, from its read's start (or its own start)
             if self._head_read_bytes > MAX_HEADER_BYTES:
                 self._headers_too_large = True
                 self.send_400_response(HEADERS_TOO_LARGE)
+        elif in_body and self._in_body and self._messages == messages:
+            self._framing_bytes = 0 if self._body_in_read else self._framing_bytes + len(data)
+            if self._framing_bytes > MAX_HEADER_BYTES:
+                self._headers_too_large = True
+                self.send_400_response(HEADERS_TOO_LARGE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_in_read = True
+        super().on_body(body)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_bytes = self._head_read_bytes = 0
+        self._header_bytes = self._head_read_bytes = self._framing_bytes = 0
         self._head_open, self._in_body = True, False
         self._messages += 1
 
@@ -352,9 +351,11 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._head_open:  # a trailer field is not counted (h11 parses a whole trailer section too)
+        if self._head_open:
             self._count_header_bytes(len(name) + len(value) + 4)  # "name: value" CRLF
-        super().on_header(name, value)
+            super().on_header(name, value)
+        # else a trailer field: uvicorn would append it to the request's headers, already handed to
+        # the app (a trailer could pose as a header); ASGI has no request trailers, and h11's are dropped
 
     def on_headers_complete(self) -> None:
         self._disarm()

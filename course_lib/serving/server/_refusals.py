@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from http import HTTPStatus
+from typing import Any
 
-from course_lib.serving.server._request import Refusal
+from course_lib.serving.server._request import DoorCounters, Refusal
 
 #: Largest request head accepted (bytes): the request line and the field lines with their CRLFs and the
 #: blank line, as written with one space after each colon (h11's own default for an incomplete head,
@@ -96,3 +97,26 @@ def refused_by_parser(*, too_large: bool) -> Refusal:
     if too_large:
         return Refusal(431, "headers_too_large", HEADERS_TOO_LARGE)
     return Refusal(400, "bad_request", NOT_HTTP)
+
+
+def count_parser_refusal(app: Any, *, answered: bool) -> None:
+    """Count a head the parser refused (it never reaches the app) in the counters of the door ``app``
+    is, or stands in front of: one more request, a client error (``abandoned`` if not ``answered``)."""
+    for _ in range(8):  # the Door, or a middleware in front of it (an ASGI app's ``app``)
+        if isinstance(counters := getattr(app, "counters", None), DoorCounters):
+            counters.requests += 1
+            counters.client_errors += answered
+            counters.abandoned += not answered
+            return
+        app = getattr(app, "app", None)
+
+
+def refuse_body(transport: Any, cycle: Any, why: str) -> None:
+    """Hand the refusal of uvicorn ``cycle``'s body (``why``: the :data:`BODY_REFUSAL_EXTENSION` value)
+    to the door, which reads it at the app's next ``receive`` (woken here), answers it and counts it;
+    if the request was answered already, ``transport`` just closes."""
+    if cycle.response_complete:
+        transport.close()
+        return
+    cycle.scope.setdefault("extensions", {})[BODY_REFUSAL_EXTENSION] = why
+    cycle.message_event.set()
