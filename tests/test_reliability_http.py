@@ -395,7 +395,7 @@ def send_in_reads(url: str, data: bytes, cuts: list[int]) -> list[int]:
         return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", read_until_closed(sock))]
 
 
-def test_heads_within_the_limit_are_served_however_reads_cut_them(server):
+def test_heads_within_the_limit_are_served_however_reads_cut_them(server, servers):
     """From a breaker: httptools counted a read that began in one pipelined head and ended in the next
     as head bytes (9 kB heads got a 431), and both parsers counted the request line and CRLFs of a
     head cut across reads but not of a whole one (a head at the limit got a 431 when cut)."""
@@ -411,6 +411,10 @@ def test_heads_within_the_limit_are_served_however_reads_cut_them(server):
     head_end = at_limit.index(b"\r\n\r\n") + 4
     assert head_end == MAX_HEADER_BYTES
     assert send_in_reads(url, at_limit, [1, head_end - 10]) == [200]
+    if servers["httptools"] == url:  # h11 refuses any empty line before a request line
+        # RFC 9112 section 2.2: empty lines before a request line are skipped, and not counted (a third
+        # breaker: a head at the limit after one got a 431 when a read ended inside it)
+        assert send_in_reads(url, b"\r\n" + at_limit, [head_end + 1]) == [200]
     assert send_in_reads(url, at_limit, []) == [200]
     assert send_in_reads(url, at_limit.replace(b"X-Filler: ", b"X-Filler: a"), []) == [431]
 

@@ -326,7 +326,8 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
         if self._overflow:
             return
         if self._head_open and (head_open or not in_body) and self._messages - messages == int(not head_open):
-            self._head_read_bytes += len(data)  # one head, from its read's start (or its own start)
+            # one head, from its read's start, or from its own (the empty lines before it are skipped)
+            self._head_read_bytes += len(data) if head_open else len(data.lstrip(b"\r\n"))
             if self._head_read_bytes > MAX_HEADER_BYTES:
                 self._headers_too_large = True
                 self.send_400_response(HEADERS_TOO_LARGE)
