@@ -160,6 +160,22 @@ def _flood(sock: socket.socket, data: bytes, stop: threading.Event) -> None:
         view = view[sent:]
 
 
+def flood_and_read(url: str, pid: int, data: bytes) -> tuple[bytes, int]:
+    """Send ``data`` from a thread while the answer is read until the server closes; the answer and the
+    growth of the server's resident set meanwhile (bytes)."""
+    sock, stop = connect(url), threading.Event()
+    sender = threading.Thread(target=_flood, args=(sock, data, stop), daemon=True)
+    try:
+        with sample_rss(pid, interval_s=0.02) as rss:
+            sender.start()
+            answer = read_until_closed(sock)
+    finally:
+        stop.set()
+        sock.close()
+        sender.join(10)
+    return answer, max(rss) - rss[0]
+
+
 def test_pipelining_without_reading_keeps_memory_bounded(server):
     url, pid = server
     burst = request() * 100_000  # 12 MB of requests, none of whose answers is read
@@ -261,19 +277,10 @@ def test_a_huge_body_is_refused_with_memory_bounded(server, declared):
     head = (f"Content-Length: {declared}\r\n" if declared else "Transfer-Encoding: chunked\r\n").encode()
     chunk = b"x" * 65536
     piece = chunk if declared else b"%x\r\n" % len(chunk) + chunk + b"\r\n"
-    sock, stop = connect(url), threading.Event()
     start = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + head + b"\r\n"
-    sender = threading.Thread(target=_flood, args=(sock, start + piece * 512, stop), daemon=True)  # 32 MiB
-    try:
-        with sample_rss(pid, interval_s=0.02) as rss:
-            sender.start()
-            answer = read_until_closed(sock)
-        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
-        assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
-    finally:
-        stop.set()
-        sock.close()
-        sender.join(10)
+    answer, growth = flood_and_read(url, pid, start + piece * 512)  # 32 MiB
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert growth < MEMORY_BOUND_BYTES, growth
     assert serving(url)
 
 
@@ -342,21 +349,12 @@ def test_a_head_over_the_size_limit_gets_a_431_that_says_why(server, complete):
     head = request(extra=b"X-Filler: " + b"a" * (MAX_HEADER_BYTES + 100) + b"\r\n")
     if not complete:  # a value that never ends, 32 MiB of it, sent while the answer is read
         head = request().split(b"\r\n\r\n")[0] + b"\r\nX-Filler: " + b"a" * (32 * 2**20)
-    sock, stop = connect(url), threading.Event()
-    sender = threading.Thread(target=_flood, args=(sock, head, stop), daemon=True)
-    try:
-        with sample_rss(pid, interval_s=0.02) as rss:
-            sender.start()
-            answer = read_until_closed(sock)
-    finally:
-        stop.set()
-        sock.close()
-        sender.join(10)
+    answer, growth = flood_and_read(url, pid, head)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert answer.count(b"HTTP/1.1 ") == 1 and b"connection: close" in answer.lower()
     body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert body["error"] == "headers_too_large" and str(MAX_HEADER_BYTES) in body["message"], body
-    assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+    assert growth < MEMORY_BOUND_BYTES, growth
     wait_until(lambda: outcomes(url)["client_errors"] == before + 1, what="the 431 counted")
     assert serving(url)
 
@@ -472,18 +470,9 @@ def test_a_trailer_value_that_never_ends_is_refused_with_memory_bounded(server):
     url, pid = server
     start = request(body=b"").replace(b"Content-Length: 0", b"Transfer-Encoding: chunked")
     data = start + b"2\r\n{}\r\n0\r\nX-T: " + b"a" * (32 * 2**20)
-    sock, stop = connect(url), threading.Event()
-    sender = threading.Thread(target=_flood, args=(sock, data, stop), daemon=True)
-    try:
-        with sample_rss(pid, interval_s=0.02) as rss:
-            sender.start()
-            answer = read_until_closed(sock)
-    finally:
-        stop.set()
-        sock.close()
-        sender.join(10)
+    answer, growth = flood_and_read(url, pid, data)
     assert answer.startswith(b"HTTP/1.1 431 ") and b"trailers_too_large" in answer, answer[:300]
-    assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+    assert growth < MEMORY_BOUND_BYTES, growth
     assert serving(url)
 
 
