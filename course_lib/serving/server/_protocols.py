@@ -58,6 +58,7 @@ import asyncio
 import sys
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -67,10 +68,10 @@ from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._refusals import (
     HEADERS_TOO_LARGE,
     MAX_HEADER_BYTES,
+    HeadersTooLargeError,
     count_parser_refusal,
-    raw_answer,
     refuse_body,
-    refused_by_parser,
+    write_refusal,
 )
 
 #: Key of the connection handle in ``scope["extensions"]``.
@@ -81,10 +82,6 @@ PIPELINE_OVERFLOW_EXTENSION = "course.pipeline_overflow"
 PIPELINE_BUFFER_BYTES = 65_536
 #: Time a request that reached the kernel as an idle connection's timer fired gets to be read (s).
 IN_TIME_GRACE_S = 1.0
-
-
-class HeadersTooLargeError(Exception):
-    """Raised inside the httptools parser callbacks; the parser fails, and the head is answered 431."""
 
 
 class _GuardedFlow(FlowControl):
@@ -155,12 +152,6 @@ class _Guard:
         self._overflow = True
         self.flow.pause_reading()
         refuse_body(self.transport, cycle, why)
-
-    def _send_refusal(self, *, too_large: bool) -> None:
-        self.transport.write(
-            raw_answer(refused_by_parser(too_large=too_large), self.server_state.default_headers)
-        )
-        self.transport.close()
 
     # -- state ------------------------------------------------------------------------------------
     def _idle(self) -> bool:
@@ -254,11 +245,19 @@ class _GuardedH11(_Guard, H11Protocol):
             self._refuse_body(cycle, "trailers_too_large" if too_large else "bad_body")
             return
         count_parser_refusal(self._inner_app, answered=not self.transport.is_closing())
-        self._send_refusal(too_large=too_large)
+        write_refusal(self.transport, self.server_state.default_headers, too_large=too_large)
 
     def _hold_reading(self) -> bool:
         # h11 keeps pipelined requests as unparsed bytes (its receive buffer; no public size)
         return self._overflow or len(self.conn._receive_buffer) > PIPELINE_BUFFER_BYTES
+
+    def handle_events(self) -> None:
+        # RFC 9112 section 2.2: skip empty lines before a request line, as httptools does (h11 refuses)
+        buffer = self.conn._receive_buffer
+        while self.conn.their_state is h11.IDLE and buffer._data.startswith((b"\r\n", b"\n")):
+            buffer._extract(1 + buffer._data.startswith(b"\r"))
+        if self.conn.their_state is not h11.IDLE or buffer._data != b"\r":  # else its LF comes next
+            super().handle_events()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -306,7 +305,8 @@ class _GuardedHttpTools(_Guard, HttpToolsProtocol):
     def _refuse(self) -> None:
         count_parser_refusal(self._inner_app, answered=not self.transport.is_closing())
         if not self.transport.is_closing():
-            self._send_refusal(too_large=self._headers_too_large)
+            too_large = self._headers_too_large
+            write_refusal(self.transport, self.server_state.default_headers, too_large=too_large)
 
     def _hold_reading(self) -> bool:
         return self._overflow or len(self.pipeline) >= self._max_pipeline_depth

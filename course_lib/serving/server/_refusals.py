@@ -36,6 +36,10 @@ NOT_HTTP = "the request is not valid HTTP/1.1, so the server cannot read it; thi
 BODY_REFUSAL_EXTENSION = "course.body_refusal"
 
 
+class HeadersTooLargeError(Exception):
+    """Raised inside the httptools parser callbacks; the parser fails, and the head is answered 431."""
+
+
 def head_bytes(method: str, raw_path: bytes, query: bytes, headers: Iterable[tuple[bytes, bytes]]) -> int:
     """Size of a head as :data:`MAX_HEADER_BYTES` counts it (bytes).
 
@@ -81,6 +85,12 @@ def raw_answer(refusal: Refusal, default_headers: Iterable[tuple[bytes, bytes]])
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
     return b"".join([*head, b"connection: close\r\n\r\n", body])
+
+
+def write_refusal(transport: Any, default_headers: Iterable[tuple[bytes, bytes]], *, too_large: bool) -> None:
+    """Write the answer to a head the parser refused (:func:`refused_by_parser`), then close ``transport``."""
+    transport.write(raw_answer(refused_by_parser(too_large=too_large), default_headers))
+    transport.close()
 
 
 def short_error_body(status: int, cap_bytes: int) -> bytes:
