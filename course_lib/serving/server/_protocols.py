@@ -70,6 +70,7 @@ from course_lib.serving.server._refusals import (
     MAX_HEADER_BYTES,
     HeadersTooLargeError,
     count_parser_refusal,
+    empty_lines,
     refuse_body,
     write_refusal,
 )
@@ -251,11 +252,10 @@ class _GuardedH11(_Guard, H11Protocol):
         # h11 keeps pipelined requests as unparsed bytes (its receive buffer; no public size)
         return self._overflow or len(self.conn._receive_buffer) > PIPELINE_BUFFER_BYTES
 
-    def handle_events(self) -> None:
-        # RFC 9112 section 2.2: skip empty lines before a request line, as httptools does (h11 refuses)
-        buffer = self.conn._receive_buffer
-        while self.conn.their_state is h11.IDLE and buffer._data.startswith((b"\r\n", b"\n")):
-            buffer._extract(1 + buffer._data.startswith(b"\r"))
+    def handle_events(self) -> None:  # skip empty lines before a request line (RFC 9112 section 2.2)
+        buffer = self.conn._receive_buffer  # as httptools does; h11 refuses them
+        if self.conn.their_state is h11.IDLE and (n := empty_lines(buffer._data)):
+            buffer._extract(n)  # all at once: one CRLF at a time held the loop 0.1 s a 256 KiB read
         if self.conn.their_state is not h11.IDLE or buffer._data != b"\r":  # else its LF comes next
             super().handle_events()
 

@@ -16,6 +16,7 @@ RFC 9112 sections 2.1-2.2 and 5 (the head: request line, field lines, CRLFs); RF
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
@@ -34,6 +35,10 @@ NOT_HTTP = "the request is not valid HTTP/1.1, so the server cannot read it; thi
 #: Key in ``scope["extensions"]`` of a request whose body the parser refused while the app reads it
 #: (value: "bad_body" or "trailers_too_large"); the door answers it (:func:`body_refusal`) and counts it.
 BODY_REFUSAL_EXTENSION = "course.body_refusal"
+
+
+#: The empty lines (CRLF, or LF alone) a server skips before a request line (RFC 9112 section 2.2).
+_EMPTY_LINES = re.compile(rb"(?:\r?\n)*")
 
 
 class HeadersTooLargeError(Exception):
@@ -85,6 +90,13 @@ def raw_answer(refusal: Refusal, default_headers: Iterable[tuple[bytes, bytes]])
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
     return b"".join([*head, b"connection: close\r\n\r\n", body])
+
+
+def empty_lines(data: bytes | bytearray) -> int:
+    """Length in bytes of the empty lines at the start of ``data``, which precede a request line and are
+    skipped (RFC 9112 section 2.2); a CR that ends ``data`` is not counted (its LF may come next)."""
+    match = _EMPTY_LINES.match(data)
+    return match.end() if match else 0
 
 
 def write_refusal(transport: Any, default_headers: Iterable[tuple[bytes, bytes]], *, too_large: bool) -> None:
