@@ -431,6 +431,23 @@ def test_empty_lines_before_a_request_line_are_skipped_on_both_parsers(server):
     assert send_in_reads(url, b"\r\n \r\n" + last, []) == [400]  # a line of a space is not empty
 
 
+def test_a_flood_of_empty_lines_is_closed_by_the_header_timeout_with_memory_bounded(server):
+    """Skipped empty lines are no way around the header timeout or the memory bound: 32 MiB of CRLFs get
+    no answer, the connection closes (at the header timeout if the flood outlasts it), and nothing is counted."""
+    url, pid = server
+    before = outcomes(url)
+    with connect(url) as sock, sample_rss(pid, interval_s=0.02) as rss:
+        try:
+            sock.sendall(b"\r\n" * (16 * 2**20))
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # the header timeout came first
+        answer = read_until_closed(sock)
+    assert answer == b"", answer[:200]
+    assert max(rss) - rss[0] < MEMORY_BOUND_BYTES, (rss[0], max(rss))
+    assert serving(url)
+    assert outcomes(url)["requests"] - before["requests"] == 1  # serving()'s own request
+
+
 def test_a_body_the_parser_refuses_is_answered_400_at_once_and_counted_once(server):
     """From a breaker: a malformed chunk was counted twice (the door's request and the protocol's
     refusal), and on httptools answered 408 only after the body timeout."""
