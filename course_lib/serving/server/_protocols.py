@@ -117,9 +117,7 @@ class _Guard:
     def _guard_init(self) -> None:
         self._header_timer: asyncio.TimerHandle | None = None
         self._opened_at = 0.0
-        self._eof = False
-        self._overflow = False
-        self._graced = False
+        self._eof = self._overflow = self._graced = False
         self._inner_app = self.app
         self.app = self._with_handle
 
@@ -256,6 +254,7 @@ class _GuardedH11(_Guard, H11Protocol):
         buffer = self.conn._receive_buffer  # as httptools does; h11 refuses them
         if self.conn.their_state is h11.IDLE and (n := empty_lines(buffer._data)):
             buffer._extract(n)  # all at once: one CRLF at a time held the loop 0.1 s a 256 KiB read
+            self.flow.resume_reading()  # if they had paused it (past PIPELINE_BUFFER_BYTES)
         if self.conn.their_state is not h11.IDLE or buffer._data != b"\r":  # else its LF comes next
             super().handle_events()
 
