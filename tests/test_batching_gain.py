@@ -13,7 +13,7 @@ from course_lib.measure.batching_gain import (
     bound_verdict,
     gain_texts,
     gain_verdict,
-    median_round_trip_ms,
+    median_round_trip,
     one_call_verdict,
 )
 
@@ -113,12 +113,36 @@ def test_median_round_trip_excludes_warmup_and_checks_arguments():
     async def post(payload):
         seen.append(payload)
 
-    ms = asyncio.run(median_round_trip_ms(post, [1, 2, 3], n_requests=10, warmup_requests=2))
-    assert ms >= 0 and seen == [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
+    trip = asyncio.run(median_round_trip(post, [1, 2, 3], n_requests=10, warmup_requests=2))
+    assert trip.round_trip_ms >= 0 and trip.stages_ms == {} and seen == [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
     with pytest.raises(ValueError, match="payloads must be non-empty"):
-        asyncio.run(median_round_trip_ms(post, [], n_requests=3))
+        asyncio.run(median_round_trip(post, [], n_requests=3))
     with pytest.raises(ValueError, match="n_requests > warmup_requests"):
-        asyncio.run(median_round_trip_ms(post, [1], n_requests=2, warmup_requests=2))
+        asyncio.run(median_round_trip(post, [1], n_requests=2, warmup_requests=2))
+
+
+def test_median_round_trip_reads_the_servers_own_stage_times():
+    """The median of each Server-Timing stage over the measured answers (warm-up excluded); a stage
+    that some answers lack is dropped rather than read from a subset."""
+
+    class Answer:
+        def __init__(self, header):
+            self.headers = {"server-timing": header} if header is not None else {}
+
+    headers = iter(
+        ["forward;dur=99, queue;dur=9"] * 2 + [f"parse;dur=0.1, forward;dur={d}" for d in (1, 3, 2)]
+    )
+
+    async def post(payload):
+        return Answer(next(headers))
+
+    trip = asyncio.run(median_round_trip(post, [0], n_requests=5, warmup_requests=2))
+    assert trip.stages_ms == {"parse": 0.1, "forward": 2.0}
+    headers = iter(["forward;dur=1", "forward;dur=1, queue;dur=2", None])
+    assert asyncio.run(median_round_trip(post, [0], n_requests=3, warmup_requests=0)).stages_ms == {}
+    headers = iter(["forward"])  # a stage without its duration
+    with pytest.raises(ValueError, match="dur"):
+        asyncio.run(median_round_trip(post, [0], n_requests=1, warmup_requests=0))
 
 
 def test_gain_texts_follow_the_verdict_rule_for_every_row():

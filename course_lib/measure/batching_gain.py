@@ -14,7 +14,8 @@ bound lies below, inside or above it.
 Amdahl's law for batching: a request costs ``h`` ms of per-request work (HTTP, parsing, lookup,
 formatting) plus its share of the model call, ``m(1)`` alone or ``m(b) / b`` in batches of ``b``. The
 throughput gain of batching can therefore not exceed ``(h + m(1)) / (h + m(b) / b)``
-(:func:`amdahl_bound`).
+(:func:`amdahl_bound`). :func:`median_round_trip` times one request at a time and reads the server's own
+``Server-Timing`` stages, so that ``m(1)`` is the call as the server made it and ``h`` the rest.
 
 References
 ----------
@@ -34,14 +35,16 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, positive_number
+from course_lib.serving.profiling import parse_server_timing
 
 __all__ = [
     "GainVerdict",
+    "RoundTrip",
     "amdahl_bound",
     "bound_verdict",
     "gain_texts",
     "gain_verdict",
-    "median_round_trip_ms",
+    "median_round_trip",
     "one_call_verdict",
 ]
 
@@ -247,23 +250,43 @@ def one_call_verdict(measured_rps: float, predicted_rps: float, *, rung_ratio: f
     return "more than one rung below it: per-request work (thread hop, load generator, other programs if any) took the rest"
 
 
-async def median_round_trip_ms(
+@dataclass(frozen=True)
+class RoundTrip:
+    """One request at a time against a server: the median round trip and the server's own stage times.
+
+    ``round_trip_ms``: median wall time from sending a request to reading its answer, ms. ``stages_ms``:
+    the median of each stage the answers' ``Server-Timing`` header named (e.g. ``forward``, the model
+    call as the server timed it), ms; empty if the answers carried none.
+    """
+
+    round_trip_ms: float
+    stages_ms: dict[str, float]
+
+
+async def median_round_trip(
     post: Callable[[Any], Any], payloads: Sequence[Any], *, n_requests: int = 120, warmup_requests: int = 20
-) -> float:
-    """Median wall time of one request at a time, warm-up excluded, in ms.
+) -> RoundTrip:
+    """Median wall time of one request at a time, and of each ``Server-Timing`` stage, warm-up excluded.
 
     Parameters
     ----------
     post : async callable payload -> response, e.g. ``lambda p: client.post(url, json=p)`` with an
-        ``httpx.AsyncClient``; a response with ``raise_for_status`` (httpx) is checked.
+        ``httpx.AsyncClient``; a response with ``raise_for_status`` (httpx) is checked, and one with
+        ``headers`` has its ``Server-Timing`` read (W3C Server Timing; ``parse_server_timing``).
     payloads : sequence of payloads, used in order (cycled if shorter than ``n_requests``).
     n_requests : int > warmup_requests
     warmup_requests : int >= 0
 
+    Returns
+    -------
+    RoundTrip
+        A stage is kept only if every measured answer named it.
+
     Raises
     ------
     ValueError
-        If ``payloads`` is empty or ``n_requests <= warmup_requests``.
+        If ``payloads`` is empty or ``n_requests <= warmup_requests``; a malformed ``Server-Timing``
+        header raises as ``parse_server_timing`` does.
     """
     non_empty("payloads", payloads)
     warmup_requests = integer("warmup_requests", warmup_requests, min=0)
@@ -271,11 +294,19 @@ async def median_round_trip_ms(
         raise InvalidArgumentError(
             f"need n_requests > warmup_requests >= 0, got {n_requests!r} and {warmup_requests!r}"
         )
-    samples = []
+    samples, stages = [], []
     for i in range(n_requests):
         start = time.perf_counter_ns()
         response = await post(payloads[i % len(payloads)])
+        elapsed_ms = (time.perf_counter_ns() - start) / 1e6
         if hasattr(response, "raise_for_status"):  # an httpx response: a refused request is not a latency
             response.raise_for_status()
-        samples.append((time.perf_counter_ns() - start) / 1e6)
-    return float(np.median(samples[warmup_requests:]))
+        samples.append(elapsed_ms)
+        header = getattr(response, "headers", {}).get("server-timing")
+        stages.append(parse_server_timing(header) if header is not None else {})
+    measured = stages[warmup_requests:]
+    common = set.intersection(*(set(s) for s in measured))
+    return RoundTrip(
+        round_trip_ms=float(np.median(samples[warmup_requests:])),
+        stages_ms={k: float(np.median([s[k] for s in measured])) for k in measured[0] if k in common},
+    )
