@@ -29,6 +29,7 @@ from course_lib.measure.load_server import sample_rss
 from course_lib.serving.feature_store import customer_id
 from course_lib.serving.replica import ReplicaConfig, start_replica
 from course_lib.serving.server import DEFAULTS, MAX_HEADER_BYTES, run_processes, to_argv
+from course_lib.serving.server._refusals import empty_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_CONNECTIONS = 48
@@ -58,6 +59,17 @@ def servers(replica_files):
     with run_processes(
         {http: command(replica_files, LIMITS.replace(http=http)) for http in ("h11", "httptools")}
     ) as urls:
+        yield urls
+
+
+@pytest.fixture(scope="module")
+def slow_servers(replica_files):
+    """Both parsers, with every model call stretched to 300 ms (a request stays in flight)."""
+    config = {
+        http: [*command(replica_files, LIMITS.replace(http=http)), "--service-ms=300"]
+        for http in ("h11", "httptools")
+    }
+    with run_processes(config) as urls:
         yield urls
 
 
@@ -433,6 +445,32 @@ def test_empty_lines_before_a_request_line_are_skipped_on_both_parsers(server):
     seen = {"requests": 7, "ok": 7, "client_errors": 0}
     wait_until(lambda: {k: outcomes(url)[k] - before[k] for k in seen} == seen, what=f"counts {seen}")
     assert send_in_reads(url, b"\r\n \r\n" + last, []) == [400]  # a line of a space is not empty
+
+
+@pytest.mark.parametrize(
+    ("data", "skipped"),
+    [(b"", 0), (b"\r\n", 2), (b"\n\n\nX", 3), (b"\n\r\n", 3), (b"\r\n\r\nGET", 4), (b"GET", 0),
+     (b"\r", 0), (b"\r\n\r", 2), (b"\rX", 0), (b"\r\r\n", 0), (b"\r\n\r\rX", 2)],
+)  # fmt: skip
+def test_empty_lines_counts_crlf_and_lf_lines_but_never_a_bare_cr(data, skipped):
+    """A CR that ends the data may wait for its LF; a CR followed by anything else is no empty line."""
+    assert empty_lines(data) == empty_lines(bytearray(data)) == skipped
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_empty_lines_after_a_request_are_skipped_whatever_state_h11_is_in(slow_servers, http):
+    """From a breaker: h11 skipped empty lines only where uvicorn asked for the next request. After a request
+    that closes the connection (HTTP/1.0), a CRLF that came while it was in flight got a 400 and the 200 was
+    lost; after a body read once its answer was sent, the request behind a CRLF was dropped unanswered."""
+    url = slow_servers[http]
+    before = outcomes(url)
+    closing = request().replace(b"HTTP/1.1", b"HTTP/1.0")  # its model call takes 300 ms
+    assert send_in_reads(url, closing + b"\r\n", [len(closing)]) == [200]
+    early = b"GET /healthz HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n"  # answered, body unread
+    last = b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    assert send_in_reads(url, early + b"hello\r\n" + last, [len(early)]) == [200, 200]
+    seen = {"requests": 2, "ok": 2, "client_errors": 0, "abandoned": 0}  # a probe with a body is counted
+    wait_until(lambda: {k: outcomes(url)[k] - before[k] for k in seen} == seen, what=f"counts {seen}")
 
 
 def test_a_flood_of_empty_lines_is_closed_by_the_header_timeout_with_memory_bounded(server):

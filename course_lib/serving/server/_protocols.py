@@ -70,8 +70,8 @@ from course_lib.serving.server._refusals import (
     MAX_HEADER_BYTES,
     HeadersTooLargeError,
     count_parser_refusal,
-    empty_lines,
     refuse_body,
+    skip_empty_lines,
     write_refusal,
 )
 
@@ -234,6 +234,8 @@ class _GuardedH11(_Guard, H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._guard_init()
+        self._parse = self.conn.next_event  # every parse, also those inside uvicorn's own loop:
+        self.conn.next_event = self._next_event  # type: ignore[method-assign]
 
     def send_400_response(self, msg: str) -> None:
         # called inside uvicorn's ``except h11.RemoteProtocolError``: its status hint tells a head (or
@@ -250,13 +252,10 @@ class _GuardedH11(_Guard, H11Protocol):
         # h11 keeps pipelined requests as unparsed bytes (its receive buffer; no public size)
         return self._overflow or len(self.conn._receive_buffer) > PIPELINE_BUFFER_BYTES
 
-    def handle_events(self) -> None:  # skip empty lines before a request line (RFC 9112 section 2.2)
-        buffer = self.conn._receive_buffer  # as httptools does; h11 refuses them
-        if self.conn.their_state is h11.IDLE and (n := empty_lines(buffer._data)):
-            buffer._extract(n)  # all at once: one CRLF at a time held the loop 0.1 s a 256 KiB read
-            self.flow.resume_reading()  # if they had paused it (past PIPELINE_BUFFER_BYTES)
-        if self.conn.their_state is not h11.IDLE or buffer._data != b"\r":  # else its LF comes next
-            super().handle_events()
+    def _next_event(self) -> Any:  # h11's, past the empty lines before a request line (RFC 9112 2.2)
+        if skip_empty_lines(self.conn, self.flow):
+            return h11.NEED_DATA  # a CR alone: its LF comes next
+        return self._parse()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
 
+import h11
+
 from course_lib.serving.server._request import DoorCounters, Refusal
 
 #: Largest request head accepted (bytes): the request line and the field lines with their CRLFs and the
@@ -93,10 +95,30 @@ def raw_answer(refusal: Refusal, default_headers: Iterable[tuple[bytes, bytes]])
 
 
 def empty_lines(data: bytes | bytearray) -> int:
-    """Length in bytes of the empty lines at the start of ``data``, which precede a request line and are
-    skipped (RFC 9112 section 2.2); a CR that ends ``data`` is not counted (its LF may come next)."""
-    match = _EMPTY_LINES.match(data)
+    """Length in bytes of the empty lines (CRLF, or LF alone) at the start of ``data``, which precede a
+    request line and are skipped (RFC 9112 section 2.2); a CR that ends them is not counted (its LF
+    may come next, or it is a bare CR, which is no empty line)."""
+    n = len(data) - len(data.lstrip(b"\r\n"))  # C speed: a flood of them is skipped at memory speed
+    n -= data[n - 1 : n] == b"\r"
+    if data.count(b"\r", 0, n) == data.count(b"\r\n", 0, n):
+        return n
+    match = _EMPTY_LINES.match(data)  # a bare CR inside the run: only the empty lines before it
     return match.end() if match else 0
+
+
+def skip_empty_lines(conn: h11.Connection, flow: Any) -> bool:
+    """Drop the empty lines at the start of h11 ``conn``'s receive buffer where a request line is due
+    (``their_state`` IDLE) or nothing more is (MUST_CLOSE: after a request that closes the connection),
+    as RFC 9112 section 2.2 says a server should and httptools does (h11 refuses them), and resume
+    ``flow``'s reading if they had paused it (uvicorn's ``FlowControl``). True if a CR alone is left,
+    whose LF may come next: the caller waits for more bytes before h11 parses."""
+    if conn.their_state not in (h11.IDLE, h11.MUST_CLOSE):
+        return False
+    buffer = conn._receive_buffer
+    if n := empty_lines(buffer._data):
+        buffer._extract(n)  # all at once: one CRLF at a time held the loop 0.1 s a 256 KiB read
+        flow.resume_reading()
+    return buffer._data == b"\r"
 
 
 def write_refusal(transport: Any, default_headers: Iterable[tuple[bytes, bytes]], *, too_large: bool) -> None:
