@@ -38,7 +38,8 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   the connection closes; it never reaches the app, so it is counted here in the door's
   ``DoorCounters`` (``client_errors``, or ``abandoned`` if the client left first). A body the parser
   refuses belongs to a request the door already holds: the door answers and counts it
-  (``_refusals.BODY_REFUSAL_EXTENSION``);
+  (``_refusals.BODY_REFUSAL_EXTENSION``). Empty lines before a request line are no refusal: both
+  parsers skip them (RFC 9112 section 2.2; h11 alone refused them, ``_refusals.skip_empty_lines``);
 * a **connection handle** for the app: ``scope["extensions"]["course.connection"]`` is the protocol
   object, whose ``client_gone()`` says (by peeking at the socket, without reading the request) whether
   the client has closed its side, so work for a client that left can be dropped right before it

@@ -3,6 +3,7 @@
 One concept: the vocabulary shared by the door (:mod:`course_lib.serving.server._door`, which refuses
 what the app would see) and the protocol (:mod:`course_lib.serving.server._protocols`, which refuses
 what the HTTP parser cannot read): the head size limit and how a head is counted against it, the
+empty lines before a head, which are skipped rather than refused (:func:`skip_empty_lines`), the
 refusal of a body the parser gave up on, and one JSON error body, ``{"error", "message", "details"}``,
 whether it is sent through ASGI (:func:`json_answer`) or written raw to the socket
 (:func:`raw_answer`, for a request that never reaches the app).
@@ -37,8 +38,6 @@ NOT_HTTP = "the request is not valid HTTP/1.1, so the server cannot read it; thi
 #: Key in ``scope["extensions"]`` of a request whose body the parser refused while the app reads it
 #: (value: "bad_body" or "trailers_too_large"); the door answers it (:func:`body_refusal`) and counts it.
 BODY_REFUSAL_EXTENSION = "course.body_refusal"
-
-
 #: The empty lines (CRLF, or LF alone) a server skips before a request line (RFC 9112 section 2.2).
 _EMPTY_LINES = re.compile(rb"(?:\r?\n)*")
 
