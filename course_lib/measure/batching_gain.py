@@ -203,8 +203,9 @@ def bound_verdict(verdict: GainVerdict, bound: float) -> str:
     interval = f"[{verdict.low:.2f}x, {'open' if math.isinf(verdict.high) else f'{verdict.high:.2f}x'}]"
     if verdict.low > bound:
         return (
-            f"the whole interval {interval} lies above the bound {bound:.2f}x: h was overestimated "
-            "(the round trip at low load is not the cost per request at saturation) or noise moved a rung"
+            f"the whole interval {interval} lies above the bound {bound:.2f}x: h was overestimated (the round "
+            "trip at low load holds waiting, not only the cost per request at saturation), the baseline fell "
+            "short of its own limit on a busy machine, or noise moved a rung"
         )
     if verdict.high < bound:
         return (
