@@ -97,6 +97,8 @@ def empty_lines(data: bytes | bytearray) -> int:
     """Length in bytes of the empty lines (CRLF, or LF alone) at the start of ``data``, which precede a
     request line and are skipped (RFC 9112 section 2.2); a CR that ends them is not counted (its LF
     may come next, or it is a bare CR, which is no empty line)."""
+    if data[:1] not in (b"\r", b"\n"):
+        return 0  # the usual case, checked first: lstrip copies the buffer (a pipeline of requests)
     n = len(data) - len(data.lstrip(b"\r\n"))  # C speed: a flood of them is skipped at memory speed
     n -= data[n - 1 : n] == b"\r"
     if data.count(b"\r", 0, n) == data.count(b"\r\n", 0, n):
