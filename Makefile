@@ -79,7 +79,7 @@ $(STAMP): requirements.lock pyproject.toml
 install: $(STAMP)
 
 # What the lessons would otherwise build on their first run: the course model (build/models, about 1 MB)
-# and Lesson 2's 1,000,000-customer feature store (build/feature_store, about 150 MB; 3.5 to 16 s on a
+# and Lesson 2's 1,000,000-customer feature store (build/feature_store, about 150 MB; 3 to 16 s on a
 # 2-core laptop). Idempotent: it returns at once when both exist.
 first-run: $(STAMP)
 	$(BIN)/python -m course_lib.course_runner --prepare
