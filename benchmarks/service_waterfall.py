@@ -10,7 +10,10 @@ rung, each rung holding at least ``--min-requests`` requests (1,000 resolve a p9
 once more, and a step whose start rung (from the pre-scan) misses tries the rungs below it. With
 ``--k6`` the production step is also climbed by k6 (``loadtests/churn.js``) beside the course
 generator at the same rates, the two taking turns, ``--repeats`` times, a missed rate tried once
-more. Nothing is asserted; the table prints every knee, its range over the repeats, its ratio to its
+more. ``--pin-server-cores N`` gives every server the first N usable cores (the production service
+then runs one worker per core of those) and the generator processes, k6 and this process the rest
+(``course_lib.core.affinity``): on a machine with cores to spare, neither side then waits for the
+other's work; the record's ``pinned`` field names the cores. Nothing is asserted; the table prints every knee, its range over the repeats, its ratio to its
 base with the interval, and the verdict (gain / loss / not resolved).
 
 Run: ``python benchmarks/service_waterfall.py --k6 --out data/measurements/service_waterfall.json``
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing course_lib
     sys.path.insert(0, str(ROOT))
 
+from course_lib.core.affinity import PIN_HELP, pin_option  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import generator_limit_text  # noqa: E402
 from course_lib.measure.waterfall import (  # noqa: E402
@@ -58,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k6", action="store_true", help="also climb the production step with k6")
     parser.add_argument("--quick", action="store_true", help="one repeat, 200 requests per rung, four steps")
     parser.add_argument("--steps", nargs="*", default=None, help="names of the steps to run (default all)")
+    parser.add_argument("--pin-server-cores", type=pin_option, dest="pin", metavar="N", help=PIN_HELP)
     parser.add_argument("--out", type=Path, default=None, help="write the record here (JSON)")
     args = parser.parse_args(argv)
     print(env_report())
+    pin = args.pin
+    if pin is not None:
+        print(f"pinned: {pin.text()}")
     names = args.steps or (list(QUICK_STEPS) if args.quick else [s.name for s in WATERFALL])
     steps = [s for s in WATERFALL if s.name in names]
     unknown = sorted(set(names) - {s.name for s in WATERFALL})
@@ -88,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         p99_limit_ms=args.p99_limit_ms,
         k6_step=PRODUCTION_STEP if args.k6 else None,
         on_row=show,
+        pin=pin,
         step_down=True,  # a start from the short pre-scan can lie above the knee: try the rungs below it
     )
     columns = [

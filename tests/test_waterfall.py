@@ -283,9 +283,22 @@ def test_parse_k6_summary_reads_trends_and_counts_dropped():
 
 @pytest.mark.timeout(300)
 def test_smoke_run_of_the_benchmark_code_against_the_real_production_server(tmp_path):
+    """A short run, pinned: the servers on one core, the generators, this process and k6 on the others."""
+    import psutil
+
+    from course_lib.core.affinity import split_cores
     from course_lib.measure.waterfall import FLOOR_STEP, PRODUCTION_STEP, WATERFALL, run_waterfall
 
     steps = [s for s in WATERFALL if s.name in (PRODUCTION_STEP, FLOOR_STEP)]
+    pin = split_cores(1)  # the server on the first usable core, the tools on the others
+    seen: list[tuple[str, list[int]]] = []  # (command line, cores) of this process and its children, mid-run
+
+    def look(row: dict) -> None:
+        if not seen:
+            me = psutil.Process()
+            seen.append(("this process", me.cpu_affinity()))
+            seen.extend((" ".join(c.cmdline()), c.cpu_affinity()) for c in me.children(recursive=True))
+
     run = run_waterfall(
         steps,
         repeats=1,
@@ -295,7 +308,17 @@ def test_smoke_run_of_the_benchmark_code_against_the_real_production_server(tmp_
         start_rps={PRODUCTION_STEP: 100, FLOOR_STEP: 100},
         k6_step=PRODUCTION_STEP,
         lifetime_s=240,
+        pin=pin,
+        on_row=look,
     )
+    assert run.settings["pinned"] == pin.describe()
+    servers = [cores for cmd, cores in seen if "course_lib.serving.production" in cmd]
+    generators = [cores for cmd, cores in seen if "multiprocessing" in cmd and "spawn" in cmd]
+    assert servers and all(cores == list(pin.server) for cores in servers), seen
+    assert len(generators) >= 2 and all(cores == list(pin.tools) for cores in generators), seen
+    assert seen[0][1] == list(pin.tools)  # k6 starts from this process and inherits its cores
+    assert (run.table["workers"] == len(pin.server)).all()  # one worker per core the server may use
+    assert run.server_stats["production"]["workers"] == len(pin.server)
     assert set(run.table.index) == {PRODUCTION_STEP, FLOOR_STEP}
     assert (run.runs["sent"] >= 1).all() and (run.knees["knee_rps"] >= 0).all()
     assert run.table.loc[PRODUCTION_STEP, "handle_ms"] > 0 and run.table.loc[FLOOR_STEP, "handle_ms"] == 0
@@ -305,6 +328,7 @@ def test_smoke_run_of_the_benchmark_code_against_the_real_production_server(tmp_
     path = save_waterfall(run.table, tmp_path / "w.json", floor_step=FLOOR_STEP, prototype_step=PRODUCTION_STEP,
                           production_step=PRODUCTION_STEP, generator="smoke", **run.settings)  # fmt: skip
     assert load_waterfall(path).floor_rps == run.table.loc[FLOOR_STEP, "median_knee_rps"]
+    assert f", pinned: {pin.text()}; file w.json" in load_waterfall(path).provenance()
 
 
 def test_a_peer_and_every_process_it_forks_stop_with_its_launcher(tmp_path):

@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from course_lib.core.affinity import CoreSplit, pinned
 from course_lib.core.checks import integer, positive_number
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
 from course_lib.measure.knee import step_row
@@ -182,6 +183,7 @@ def run_waterfall(
     generator_rates_rps: Sequence[float] = (500, 1000, 2000, 4000, 6000, 8000),
     servers: Mapping[str, ProductionConfig | None] = SERVERS,
     lifetime_s: float = 3600.0,
+    pin: CoreSplit | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> WaterfallRun:
     """Start the servers ``steps`` need, measure ceilings and knees, and return a :class:`WaterfallRun`.
@@ -207,6 +209,10 @@ def run_waterfall(
     generator_rates_rps : the rates of the generator's own limit (``generator_limit`` on a null server,
         each try at least 1 s and 1,000 requests, whatever ``min_requests`` a rung holds).
     lifetime_s : every server exits by itself after this long.
+    pin : a :class:`course_lib.core.affinity.CoreSplit`: the servers (the null server of the generator's
+        limit too) start on its ``server`` cores, and count their workers there; the generator processes,
+        this process and k6 run on its ``tools`` cores (``settings["pinned"]`` records it). Default
+        None: every process may run on every core, as in the lessons.
     """
     n_repeats = integer("repeats", repeats, min=1)
     limit = positive_number("p99_limit_ms", p99_limit_ms)
@@ -216,25 +222,33 @@ def run_waterfall(
     ids = FeatureStore.open().sample_ids(2048, seed=2024)
     payloads = [{"customer_id": c} for c in ids]
     server_cfg = DEFAULTS.replace(lifetime_s=lifetime_s)
+    server_cores, tool_cores = (None, None) if pin is None else (pin.server, pin.tools)
     with contextlib.ExitStack() as stack:
-        pool = stack.enter_context(GeneratorPool(n_generators))
-        with serve_null(lifetime_s=120) as null_url:
+        with pinned(tool_cores):  # the generator processes inherit the tools' cores
+            pool = stack.enter_context(GeneratorPool(n_generators))
+        with contextlib.ExitStack() as null_server:
+            with pinned(server_cores):
+                null_url = null_server.enter_context(serve_null(lifetime_s=120))
             gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
-        commands = {k: production_command(cfg, server_cfg) for k in needed if (cfg := servers[k]) is not None}
-        urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
-        if "prototype" in needed:
-            urls["prototype"] = stack.enter_context(
-                serve_churn(lifetime_s=lifetime_s, startup_timeout_s=300)
-            ).url
+        with pinned(
+            server_cores
+        ):  # every server inherits the server's cores (and counts its workers on them)
+            commands = {
+                k: production_command(cfg, server_cfg) for k in needed if (cfg := servers[k]) is not None
+            }
+            workers = {k: 1 if (cfg := servers[k]) is None else cfg.n_workers for k in needed}
+            urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
+            if "prototype" in needed:
+                urls["prototype"] = stack.enter_context(
+                    serve_churn(lifetime_s=lifetime_s, startup_timeout_s=300)
+                ).url
+        stack.enter_context(pinned(tool_cores))  # this process, and k6 started from it, on the tools' cores
         stats = {k: httpx.get(urls[k] + "/stats", timeout=10).json() for k in commands}
         ceilings = {}
         for step in steps:
             target = urls[step.server] + step.path
             pool.run(target, payloads, rate_rps=50, duration_s=0.5)  # warm-up, not recorded
-            cfg = servers[step.server]
-            ceilings[step.name] = in_process_ceiling(
-                target, payloads, workers=1 if cfg is None else cfg.n_workers
-            )
+            ceilings[step.name] = in_process_ceiling(target, payloads, workers=workers[step.server])
 
         def settle(name: str) -> None:
             wait_idle(urls[by_name[name].server], quick_ms=limit, timeout_s=10, strict=False)
@@ -292,9 +306,8 @@ def run_waterfall(
                                     on_row=show)  # fmt: skip
     table = lever_table(steps, found)
     for name, c in ceilings.items():
-        cfg = servers[by_name[name].server]
         table.loc[name, ["handle_ms", "ceiling_rps"]] = [c["handle_ms"], c["ceiling_rps"]]
-        table.loc[name, "workers"] = 1 if cfg is None else cfg.n_workers
+        table.loc[name, "workers"] = workers[by_name[name].server]
         table.loc[name, "server"] = by_name[name].server
         table.loc[name, "path"] = by_name[name].path
     settings = {
@@ -303,6 +316,7 @@ def run_waterfall(
         "generator_highest_rps": float(max(generator_rates_rps)), "n_generators": n_generators,
         "servers": {k: ("prototype: course_lib.measure.load_server.serve_churn" if v is None else v.describe())
                     for k, v in servers.items() if k in needed},
+        "pinned": None if pin is None else pin.describe(),
     }  # fmt: skip
     stages = {name: c["stages_ms"] for name, c in ceilings.items()}
     return WaterfallRun(table, runs, found, gen_limit, settings, tools, stats, stages, same_rate)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
+from course_lib.core.affinity import pinned_text
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 
 RECORDED_WATERFALL = DATA_DIR / "measurements" / "service_waterfall.json"
@@ -49,7 +50,7 @@ class WaterfallRecord:
         return (
             f"benchmarks/service_waterfall.py, {m['measured_at']} on {m['cpu']} ({m['usable_cores']} usable cores), "
             f"{m['repeats']} repeats, >= {m['min_requests']:,} requests per rung, p99 limit {m['p99_limit_ms']:g} ms, "
-            f"generator {m['generator']}; file {self.path.name}"
+            f"generator {m['generator']}{pinned_text(m.get('pinned'))}; file {self.path.name}"
         )
 
 

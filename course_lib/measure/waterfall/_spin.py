@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
+from course_lib.core.affinity import pinned_text
 from course_lib.core.checks import distinct, integer, non_empty, number, positive_number
 from course_lib.measure.capacity_record import read_rows_measurement, write_measurement
 from course_lib.measure.generators import GeneratorPool
@@ -137,7 +138,8 @@ class ToolWireP50Record:
         """Where, when and how the record was made, and its file name."""
         m = self.meta
         return (f"benchmarks/tool_wire_p50.py, {m['measured_at']} on {m['cpu']} ({m['usable_cores']} usable cores), "
-                f"{m['repeats']} repeats, >= {m['min_requests']:,} requests per run, on {m['server']}; "
+                f"{m['repeats']} repeats, >= {m['min_requests']:,} requests per run, on {m['server']}"
+                f"{pinned_text(m.get('pinned'))}; "
                 f"file {self.path.name}")  # fmt: skip
 
 
