@@ -13,6 +13,8 @@ Two generator processes climb one ladder with the servers taking turns at every 
 doubling, at least ``--min-requests`` requests per rung, a missed rung tried once more, ``--repeats``
 climbs); each knee is compared with the production service's, with the interval the ladder and the
 repeats allow. A peer that cannot be installed or started is recorded with the reason.
+``--pin-server-cores N`` starts every server on the first N usable cores and the generator processes on
+the rest (``course_lib.core.affinity``; the record's ``pinned`` field names them).
 
 Run: ``python benchmarks/serving_peers.py --out data/measurements/serving_peers.json`` (about 10
 minutes on 2 cores). Lesson 12 shows the recorded file.
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing course_lib
     sys.path.insert(0, str(ROOT))
 
+from course_lib.core.affinity import PIN_HELP, pin_option, pinned  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool  # noqa: E402
 from course_lib.measure.load_server import wait_idle  # noqa: E402
@@ -76,9 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--python", type=Path, default=PEERS_VENV / "bin" / "python", help="the peers' Python"
     )
+    parser.add_argument("--pin-server-cores", type=pin_option, dest="pin", metavar="N", help=PIN_HELP)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     print(env_report())
+    pin = args.pin
+    if pin is not None:
+        print(f"pinned: {pin.text()}")
+    server_cores, tool_cores = (None, None) if pin is None else (pin.server, pin.tools)
     unavailable: dict[str, str] = {}
     versions: dict[str, str] = {}
     if not args.python.is_file():
@@ -94,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {"PYTHONPATH": str(ROOT), "PEER_WORKERS": str(args.workers), "BENTOML_DO_NOT_TRACK": "True",
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     with contextlib.ExitStack() as stack:
-        pool = stack.enter_context(GeneratorPool(2))
+        with pinned(tool_cores):  # the generator processes inherit the tools' cores
+            pool = stack.enter_context(GeneratorPool(2))
+        stack.enter_context(pinned(server_cores))  # every server started below inherits the server's cores
         urls = dict(
             stack.enter_context(
                 run_processes(
@@ -121,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 unavailable[spec.name] = f"did not start: {str(exc)[:300]}"
                 continue
             urls[spec.name], paths[spec.name] = started[spec.name], spec.path
+        stack.enter_context(pinned(tool_cores))  # this process on the tools' cores while it measures
         names = list(urls)
         for name in names:  # warm-up and a check that every server answers the same work
             pool.run(urls[name] + paths[name], payloads, rate_rps=50, duration_s=0.5)
@@ -205,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             start_rps=starts,
             generator="course_lib.measure.generators, 2 processes (wire client: httptools + uvloop)",
             production=PRODUCTION_NAME,
+            pinned=None if pin is None else pin.describe(),
         )
         print(f"wrote {path}")
     return 0

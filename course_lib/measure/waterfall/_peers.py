@@ -27,6 +27,7 @@ import pandas as pd
 from course_lib.churn.data import DATA_DIR
 from course_lib.core._guard import guard_command
 from course_lib.core._io import REPO_ROOT
+from course_lib.core.affinity import pinned_text
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.waterfall._record import table_from_rows, table_rows
 
@@ -98,7 +99,7 @@ class PeersRecord:
         return (
             f"benchmarks/serving_peers.py, {m['measured_at']} on {m['cpu']} ({m['usable_cores']} usable cores), "
             f"{m['repeats']} repeats, >= {m['min_requests']:,} requests per rung, p99 limit {m['p99_limit_ms']:g} ms, "
-            f"{m['workers']} workers each; file {self.path.name}"
+            f"{m['workers']} workers each{pinned_text(m.get('pinned'))}; file {self.path.name}"
         )
 
 
