@@ -100,7 +100,8 @@ lab: first-run
 
 # Read the lessons without running them: the committed outputs, rendered to HTML.
 html: $(STAMP)
-	$(BIN)/jupyter nbconvert --to html --output-dir build/html notebooks/*.ipynb
+	$(BIN)/jupyter nbconvert --to html --TemplateExporter.extra_template_basedirs=config/nbconvert_templates \
+		--template lab_alt --output-dir build/html notebooks/*.ipynb
 	@echo "open build/html/01_churn_model.html (one page per lesson)"
 
 LESSONS ?= notebooks

@@ -218,6 +218,22 @@ def test_every_typed_number_next_to_a_measured_quantity_was_reviewed(path):
     )
 
 
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_every_image_output_has_alt_text(path):
+    """A figure's alternative text is the cell metadata key ``alt`` (``make html``'s template writes it into the page)."""
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        if not any(k.startswith("image/") for o in cell.get("outputs", []) for k in o.get("data", {})):
+            continue
+        alt = cell.get("metadata", {}).get("alt")
+        assert isinstance(alt, str) and alt.strip(), (
+            f"{path.name}, cell {index}: an image output without alt text; add a cell-metadata key 'alt' "
+            "that describes the figure (panels, axes with units and scales, series, reference lines)"
+        )
+
+
 if __name__ == "__main__":  # list a lesson's typed quantities for review
     for arg in sys.argv[1:]:
         print(json.dumps({Path(arg).name: sorted(typed_quantities(Path(arg)))}, indent=1, ensure_ascii=False))
