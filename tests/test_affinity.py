@@ -70,3 +70,18 @@ def test_a_records_pinned_field_reads_back_as_the_split_and_as_a_provenance_phra
     assert CoreSplit.from_record(split.describe()) == split
     assert pinned_text(split.describe()) == ", pinned: server on cores 0-1, load tools on cores 2-5"
     assert pinned_text(None) == ""  # records made before the option, or without it, read as before
+
+
+@pytest.mark.parametrize(
+    ("server", "tools", "match"),
+    [
+        ((), (1,), "server must be non-empty"),
+        ((0,), (), "tools must be non-empty"),
+        ((0, 1), (1, 2), r"share core\(s\) \[1\]"),
+        ((-1,), (1,), r"server\[0\] must be an integer >= 0"),
+        ((0,), ("1",), r"tools\[0\] must be an integer >= 0"),
+    ],
+)
+def test_a_core_split_refuses_an_empty_side_a_shared_core_and_a_bad_id(server, tools, match):
+    with pytest.raises(ValueError, match=match):
+        CoreSplit(server=server, tools=tools)

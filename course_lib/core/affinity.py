@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from course_lib.core.checks import integer
+from course_lib.core.checks import InvalidArgumentError, integer, integers
 
 #: ``--pin-server-cores``'s help in the benchmarks that run a server and its load tools side by side.
 PIN_HELP = (
@@ -43,6 +43,21 @@ class CoreSplit:
 
     server: tuple[int, ...]
     tools: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        """Checks: each side is a non-empty list of core ids >= 0, and no core is on both sides.
+
+        Raises ``InvalidArgumentError`` (a ``ValueError``) naming the side and the value.
+        """
+        server = tuple(integers("server", self.server, min=0))
+        tools = tuple(integers("tools", self.tools, min=0))
+        shared = sorted(set(server) & set(tools))
+        if shared:
+            raise InvalidArgumentError(
+                f"server={list(server)} and tools={list(tools)} share core(s) {shared}: each core goes to one side"
+            )
+        object.__setattr__(self, "server", server)
+        object.__setattr__(self, "tools", tools)
 
     def describe(self) -> dict[str, list[int]]:
         """``{"server_cores": [...], "tool_cores": [...]}``, as a record stores it."""
