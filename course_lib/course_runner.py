@@ -26,12 +26,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from course_lib.core._io import atomic_write_text
+from course_lib.core._io import REPO_ROOT, atomic_write_text
 
 __all__ = ["LessonResult", "lesson_paths", "main", "prepare_first_run", "run_lessons"]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in a kernel's traceback
+_TEMPLATES = REPO_ROOT / "config" / "nbconvert_templates"
+#: The HTML pages' template, as ``make html``'s: JupyterLab's ``lab`` plus each figure's alt text (the cell
+#: metadata ``alt``, which ``lab`` drops); nbconvert's stock ``lab`` outside a checkout.
+HTML_TEMPLATE: dict[str, object] = (
+    {"template_name": "lab_alt", "extra_template_basedirs": [str(_TEMPLATES)]}
+    if (_TEMPLATES / "lab_alt").is_dir()
+    else {}
+)
 
 
 def _near(path: Path) -> str:
@@ -120,7 +128,7 @@ def run_lessons(
             first = _ANSI.sub("", str(exc)).strip().splitlines()
             status = "error: " + (first[-1] if first else type(exc).__name__)[:120]
         nbformat.write(nb, out / path.name)
-        body, _ = HTMLExporter().from_notebook_node(nb)
+        body, _ = HTMLExporter(**HTML_TEMPLATE).from_notebook_node(nb)
         atomic_write_text(out / path.with_suffix(".html").name, body)
         results.append(LessonResult(path.stem, seconds, status))
         print(f"  ran {path.name}: {seconds:.1f} s, {status}", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 
@@ -26,19 +27,22 @@ def test_split_cores_refuses_a_server_share_that_leaves_no_core_for_the_tools(n)
         split_cores(n, cores=[0, 1, 2, 3])
 
 
-def test_split_cores_defaults_to_the_cores_this_process_may_use():
-    usable = sorted(os.sched_getaffinity(0))
-    split = split_cores(1)
-    assert split.server == (usable[0],) and list(split.tools) == usable[1:]
+def test_split_cores_defaults_to_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5, 7})  # as under `taskset -c 2,5,7`
+    assert split_cores(1) == CoreSplit(server=(2,), tools=(5, 7))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})  # as under `taskset -c 1`
+    with pytest.raises(ValueError, match=r"pinning needs at least 2 usable cores .* may use 1: \[1\]"):
+        split_cores(1)
 
 
-def test_pin_option_is_none_for_zero_and_names_what_is_wrong_otherwise():
+def test_pin_option_is_none_for_zero_and_names_what_is_wrong_otherwise(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     assert pin_option("0") is None
-    assert pin_option("1") == split_cores(1)
+    assert pin_option("2") == CoreSplit(server=(0, 1), tools=(2,))
     with pytest.raises(argparse.ArgumentTypeError, match="'two' is not a whole number"):
         pin_option("two")
     with pytest.raises(argparse.ArgumentTypeError, match="leaves no core for the load tools"):
-        pin_option(str(len(os.sched_getaffinity(0))))
+        pin_option("3")
 
 
 def test_pinned_sets_the_cores_for_the_block_children_inherit_them_and_the_old_set_comes_back():
@@ -60,8 +64,16 @@ def test_pinned_refuses_an_empty_set_and_a_core_this_process_may_not_use():
     before = os.sched_getaffinity(0)
     with pytest.raises(ValueError, match="cores=\\[\\] is empty"), pinned([]):
         pass
-    with pytest.raises(OSError), pinned([max(before) + 4096]):
+    with (
+        pytest.raises(ValueError, match=re.escape(f"may use only cores {sorted(before)}")),
+        pinned([max(before) + 4096]),
+    ):
         pass
+    with pytest.raises(ValueError, match=r"cores\[0\] must be an integer >= 0"), pinned([-1]):
+        pass
+    core = min(before)
+    with pinned([core]), pytest.raises(ValueError, match="may use only cores"), pinned([core, core + 1]):
+        pass  # inside a pinned block a nested one can only narrow
     assert os.sched_getaffinity(0) == before
 
 
@@ -70,6 +82,7 @@ def test_a_records_pinned_field_reads_back_as_the_split_and_as_a_provenance_phra
     assert CoreSplit.from_record(split.describe()) == split
     assert pinned_text(split.describe()) == ", pinned: server on cores 0-1, load tools on cores 2-5"
     assert pinned_text(None) == ""  # records made before the option, or without it, read as before
+    assert pinned_text({"server_cores": []}) == ", pinned: {'server_cores': []} (not a core split)"
 
 
 @pytest.mark.parametrize(
@@ -80,6 +93,7 @@ def test_a_records_pinned_field_reads_back_as_the_split_and_as_a_provenance_phra
         ((0, 1), (1, 2), r"share core\(s\) \[1\]"),
         ((-1,), (1,), r"server\[0\] must be an integer >= 0"),
         ((0,), ("1",), r"tools\[0\] must be an integer >= 0"),
+        ((1, 1), (2,), "names a core twice"),
     ],
 )
 def test_a_core_split_refuses_an_empty_side_a_shared_core_and_a_bad_id(server, tools, match):

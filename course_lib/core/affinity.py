@@ -45,12 +45,15 @@ class CoreSplit:
     tools: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        """Checks: each side is a non-empty list of core ids >= 0, and no core is on both sides.
+        """Checks: each side is a non-empty list of distinct core ids >= 0, and no core is on both sides.
 
         Raises ``InvalidArgumentError`` (a ``ValueError``) naming the side and the value.
         """
         server = tuple(integers("server", self.server, min=0))
         tools = tuple(integers("tools", self.tools, min=0))
+        for name, side in (("server", server), ("tools", tools)):
+            if len(set(side)) != len(side):
+                raise InvalidArgumentError(f"{name}={list(side)} names a core twice: give each core once")
         shared = sorted(set(server) & set(tools))
         if shared:
             raise InvalidArgumentError(
@@ -112,11 +115,16 @@ def split_cores(server_cores: int, cores: Iterable[int] | None = None) -> CoreSp
         if not _affinity_supported():
             raise NotImplementedError("this operating system does not let a process choose its CPU cores")
         cores = os.sched_getaffinity(0)
-    ids = tuple(sorted(set(cores)))
+    ids = tuple(sorted(set(integers("cores", cores, min=0, allow_empty=True))))
+    if len(ids) < 2:
+        raise ValueError(
+            f"server_cores={n}: pinning needs at least 2 usable cores (one for the server, one for the load "
+            f"tools), and this process may use {len(ids)}: {list(ids)}"
+        )
     if n >= len(ids):
         raise ValueError(
             f"server_cores={n} leaves no core for the load tools: this process may use {len(ids)} "
-            f"core(s) {list(ids)}; allowed 1 to {len(ids) - 1}"
+            f"cores {list(ids)}; allowed 1 to {len(ids) - 1}"
         )
     return CoreSplit(server=ids[:n], tools=ids[n:])
 
@@ -148,19 +156,21 @@ def pinned(cores: Iterable[int] | None) -> Iterator[None]:
     Processes started inside the block inherit ``cores``, and keep them after it ends. ``None`` changes
     nothing (so callers can pass an optional split through).
 
+    Only the calling thread moves: threads this process started before the block (a BLAS pool, say)
+    keep their cores; threads and processes started inside inherit ``cores``.
+
     Raises
     ------
     ValueError
-        If ``cores`` is empty.
+        If ``cores`` is empty, holds something other than core ids >= 0, or a core this process may not
+        use now (the message names the cores it may use; a block inside a pinned block can only narrow).
     NotImplementedError
         Where the operating system does not let a process choose its cores.
-    OSError
-        If a core id is not one this process may use (from ``os.sched_setaffinity``).
     """
     if cores is None:
         yield
         return
-    wanted = set(cores)
+    wanted = set(integers("cores", cores, min=0, allow_empty=True))
     if not wanted:
         raise ValueError(
             "cores=[] is empty: give at least one core id, or None to leave the cores as they are"
@@ -168,6 +178,11 @@ def pinned(cores: Iterable[int] | None) -> Iterator[None]:
     if not _affinity_supported():
         raise NotImplementedError("this operating system does not let a process choose its CPU cores")
     before = os.sched_getaffinity(0)
+    if not wanted <= before:
+        raise ValueError(
+            f"cores={sorted(wanted)}: this process may use only cores {sorted(before)}, "
+            f"not {sorted(wanted - before)}"
+        )
     os.sched_setaffinity(0, wanted)
     try:
         yield
@@ -175,6 +190,14 @@ def pinned(cores: Iterable[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def pinned_text(fields: dict[str, list[int]] | None) -> str:
-    """``", pinned: <split>"`` for a record's ``pinned`` field (:meth:`CoreSplit.describe`), ``""`` for None."""
-    return "" if not fields else f", pinned: {CoreSplit.from_record(fields).text()}"
+def pinned_text(fields: object) -> str:
+    """``", pinned: <split>"`` for a record's ``pinned`` field (:meth:`CoreSplit.describe`), ``""`` for None.
+
+    A field that is not such a split (a record edited by hand) is quoted as it is, rather than raising.
+    """
+    if not fields:
+        return ""
+    try:
+        return f", pinned: {CoreSplit.from_record(fields).text()}"  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):
+        return f", pinned: {fields!r} (not a core split)"

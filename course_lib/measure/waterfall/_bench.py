@@ -237,6 +237,8 @@ def run_waterfall(
                 k: production_command(cfg, server_cfg) for k in needed if (cfg := servers[k]) is not None
             }
             workers = {k: 1 if (cfg := servers[k]) is None else cfg.n_workers for k in needed}
+            described = {k: "prototype: course_lib.measure.load_server.serve_churn" if (cfg := servers[k]) is None
+                         else cfg.describe() for k in needed}  # fmt: skip
             urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
             if "prototype" in needed:
                 urls["prototype"] = stack.enter_context(
@@ -314,8 +316,7 @@ def run_waterfall(
         "p99_limit_ms": limit, "repeats": n_repeats, "min_requests": int(min_requests), "ladder_rps": ladder,
         "start_rps": dict(start_rps), "generator_limit_rps": gen_limit, "generator_lowest_rps": float(min(generator_rates_rps)),
         "generator_highest_rps": float(max(generator_rates_rps)), "n_generators": n_generators,
-        "servers": {k: ("prototype: course_lib.measure.load_server.serve_churn" if v is None else v.describe())
-                    for k, v in servers.items() if k in needed},
+        "servers": described,  # with the worker counts of the cores the servers ran on
         "pinned": None if pin is None else pin.describe(),
     }  # fmt: skip
     stages = {name: c["stages_ms"] for name, c in ceilings.items()}
