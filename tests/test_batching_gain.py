@@ -180,3 +180,26 @@ def test_one_call_verdict_words_the_measured_knee_against_the_prediction():
     assert one_call_verdict(50, 134, rung_ratio=3).startswith("within the factor of 3")
     with pytest.raises(ValueError, match="predicted_rps"):
         one_call_verdict(50, 0)
+
+
+def test_median_round_trip_refuses_a_wire_answer_outside_2xx_and_reads_a_wire_clients_stages():
+    """A ``WireAnswer`` (the load generator's client) has no ``raise_for_status``: its status is checked here."""
+    from course_lib.measure.targets.wire_client import WireAnswer
+    from course_lib.serving.service import HttpStatusError
+
+    answers = iter([WireAnswer(200, b"{}", {"server-timing": "forward;dur=2"}, 1.0)] * 3)
+
+    async def post(payload):
+        return next(answers)
+
+    assert asyncio.run(median_round_trip(post, [0], n_requests=3, warmup_requests=1)).stages_ms == {
+        "forward": 2.0
+    }
+    refused = WireAnswer(503, b'{"error": "queue_full"}', {"retry-after": "1"}, 1.0)
+
+    async def refuse(payload):
+        return refused
+
+    with pytest.raises(HttpStatusError, match=r"request 0 answered HTTP 503 \(Retry-After: 1\)") as caught:
+        asyncio.run(median_round_trip(refuse, [0], n_requests=2, warmup_requests=0))
+    assert caught.value.shed  # 503 is load shedding, not an error of the request

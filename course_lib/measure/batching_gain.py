@@ -36,6 +36,7 @@ import pandas as pd
 
 from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, positive_number
 from course_lib.serving.profiling import parse_server_timing
+from course_lib.serving.service import HttpStatusError
 
 __all__ = [
     "GainVerdict",
@@ -271,9 +272,12 @@ async def median_round_trip(
 
     Parameters
     ----------
-    post : async callable payload -> response, e.g. ``lambda p: client.post(url, json=p)`` with an
-        ``httpx.AsyncClient``; a response with ``raise_for_status`` (httpx) is checked, and one with
-        ``headers`` has its ``Server-Timing`` read (W3C Server Timing; ``parse_server_timing``).
+    post : async callable payload -> response, e.g. ``WireClient(url).post`` (the load generator's own
+        client, ``course_lib.measure.targets.wire_client``: its round trip holds the least client work) or
+        ``lambda p: client.post(url, json=p)`` with an ``httpx.AsyncClient``. A response with
+        ``raise_for_status`` (httpx) is checked by it, one with an integer ``status`` (a ``WireAnswer``)
+        must be 2xx, and one with ``headers`` has its ``Server-Timing`` read (W3C Server Timing;
+        ``parse_server_timing``).
     payloads : sequence of payloads, used in order (cycled if shorter than ``n_requests``).
     n_requests : int > warmup_requests
     warmup_requests : int >= 0
@@ -288,6 +292,9 @@ async def median_round_trip(
     ValueError
         If ``payloads`` is empty or ``n_requests <= warmup_requests``; a malformed ``Server-Timing``
         header raises as ``parse_server_timing`` does.
+    course_lib.serving.service.HttpStatusError
+        For an answer with an integer ``status`` outside 2xx (httpx raises its own ``HTTPStatusError``):
+        a refused request is not a latency.
     """
     non_empty("payloads", payloads)
     warmup_requests = integer("warmup_requests", warmup_requests, min=0)
@@ -300,10 +307,15 @@ async def median_round_trip(
         start = time.perf_counter_ns()
         response = await post(payloads[i % len(payloads)])
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        headers = getattr(response, "headers", {})
+        status = getattr(response, "status", None)
         if hasattr(response, "raise_for_status"):  # an httpx response: a refused request is not a latency
             response.raise_for_status()
+        elif isinstance(status, int) and not 200 <= status < 300:  # a WireAnswer
+            body = bytes(getattr(response, "body", b"")).decode("utf-8", errors="replace")
+            raise HttpStatusError(status, body, retry_after=headers.get("retry-after"), where=f"request {i}")
         samples.append(elapsed_ms)
-        header = getattr(response, "headers", {}).get("server-timing")
+        header = headers.get("server-timing")
         stages.append(parse_server_timing(header) if header is not None else {})
     measured = stages[warmup_requests:]
     common = set.intersection(*(set(s) for s in measured))
