@@ -234,7 +234,8 @@ def one_call_verdict(measured_rps: float, predicted_rps: float, *, rung_ratio: f
     Returns
     -------
     str
-        "above the prediction ..." (the fitted m(1) overstates this run's call), "within one rung below it
+        "above the prediction ..." (the fitted m(1) overstates this run's call, or a short rung passed
+        a rate slightly above the limit before its queue grew past the p99 limit), "within one rung below it
         ..." (consistent), or "more than one rung below it ..." (per-request work took the rest).
 
     >>> one_call_verdict(50, 134)
@@ -246,7 +247,10 @@ def one_call_verdict(measured_rps: float, predicted_rps: float, *, rung_ratio: f
     predicted = number("predicted_rps", predicted_rps, min=0.0, min_open=True)
     step = number("rung_ratio", rung_ratio, min=1.0, min_open=True)
     if measured > predicted:
-        return "above the prediction (the fitted m(1) overstates this run's call)"
+        return (
+            "above the prediction: the fitted m(1) overstates this run's call, or the rung was too short for "
+            "a rate slightly above the limit to build a queue that breaks the p99 limit"
+        )
     if measured >= predicted / step:
         return f"within the factor of {step:g} between rungs below it: consistent with the prediction"
     return "more than one rung below it: per-request work (thread hop, load generator, other programs if any) took the rest"
