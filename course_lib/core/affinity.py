@@ -6,8 +6,8 @@ capacity falls, and every tool's latency holds its own scheduling delay, which a
 latencies is a large part of what it measures. The usual advice is to run the load generator on
 another machine (k6 documentation, "Running large tests"); on one machine the nearest thing is to
 give each side its own cores. :func:`split_cores` divides the cores this process may use between
-the two, and :func:`pinned` runs a block with this process on a set of cores, so that every process
-started inside it inherits that set (Linux ``sched_setaffinity(2)``: "A child created via fork(2)
+the two, and :func:`pinned` runs a block with the calling thread on a set of cores, so that every
+process started inside it inherits that set (Linux ``sched_setaffinity(2)``: "A child created via fork(2)
 inherits its parent's CPU affinity mask. The affinity mask is preserved across an execve(2).").
 
 References
@@ -29,7 +29,7 @@ from course_lib.core.checks import InvalidArgumentError, integer, integers
 #: ``--pin-server-cores``'s help in the benchmarks that run a server and its load tools side by side.
 PIN_HELP = (
     "give the servers the first N usable cores and the load tools (generator processes, k6, this "
-    "process) the rest, each side on its own cores (0, the default: every process may use every core)"
+    "script's main thread) the rest, each side on its own cores (0, the default: no pinning)"
 )
 
 
