@@ -104,33 +104,33 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         with pinned(tool_cores):  # the generator processes inherit the tools' cores
             pool = stack.enter_context(GeneratorPool(2))
-        stack.enter_context(pinned(server_cores))  # every server started below inherits the server's cores
-        urls = dict(
-            stack.enter_context(
-                run_processes(
-                    {PRODUCTION_NAME: production_command(ProductionConfig(workers=args.workers), server)},
-                    startup_timeout_s=300,
-                )
-            )
-        )
-        paths = {PRODUCTION_NAME: "/score"}
-        for spec in PEERS:
-            if spec.name in unavailable:
-                continue
-            try:
-                started = stack.enter_context(
+        with pinned(server_cores):  # every server started in this block inherits the server's cores
+            urls = dict(
+                stack.enter_context(
                     run_processes(
-                        {spec.name: peer_command(spec, args.python, workers=args.workers)},
-                        ready_path=spec.ready_path,
+                        {PRODUCTION_NAME: production_command(ProductionConfig(workers=args.workers), server)},
                         startup_timeout_s=300,
-                        env={**os.environ, **env},
-                        stop_timeout_s=20,
                     )
                 )
-            except RuntimeError as exc:
-                unavailable[spec.name] = f"did not start: {str(exc)[:300]}"
-                continue
-            urls[spec.name], paths[spec.name] = started[spec.name], spec.path
+            )
+            paths = {PRODUCTION_NAME: "/score"}
+            for spec in PEERS:
+                if spec.name in unavailable:
+                    continue
+                try:
+                    started = stack.enter_context(
+                        run_processes(
+                            {spec.name: peer_command(spec, args.python, workers=args.workers)},
+                            ready_path=spec.ready_path,
+                            startup_timeout_s=300,
+                            env={**os.environ, **env},
+                            stop_timeout_s=20,
+                        )
+                    )
+                except RuntimeError as exc:
+                    unavailable[spec.name] = f"did not start: {str(exc)[:300]}"
+                    continue
+                urls[spec.name], paths[spec.name] = started[spec.name], spec.path
         stack.enter_context(pinned(tool_cores))  # this process on the tools' cores while it measures
         names = list(urls)
         for name in names:  # warm-up and a check that every server answers the same work
