@@ -300,7 +300,13 @@ def test_smoke_run_of_the_benchmark_code_against_the_real_production_server(tmp_
         if not seen:
             me = psutil.Process()
             seen.append(("this process", me.cpu_affinity()))
-            seen.extend((" ".join(c.cmdline()), c.cpu_affinity()) for c in me.children(recursive=True))
+            for child in me.children(recursive=True):
+                try:
+                    seen.append((" ".join(child.cmdline()), child.cpu_affinity()))
+                except (
+                    psutil.NoSuchProcess
+                ):  # gone since it was listed, or a zombie (ZombieProcess) not reaped yet
+                    continue
 
     run = run_waterfall(
         steps,
