@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing course_lib
     sys.path.insert(0, str(ROOT))
 
-from course_lib.core.affinity import PIN_HELP, pin_option, pinned  # noqa: E402
+from course_lib.core.affinity import PIN_HELP, pin_option, pinned, sides  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool  # noqa: E402
 from course_lib.measure.load_server import wait_idle  # noqa: E402
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     pin = args.pin
     if pin is not None:
         print(f"pinned: {pin.text()}")
-    server_cores, tool_cores = (None, None) if pin is None else (pin.server, pin.tools)
+    server_cores, tool_cores = sides(pin)
     unavailable: dict[str, str] = {}
     versions: dict[str, str] = {}
     if not args.python.is_file():

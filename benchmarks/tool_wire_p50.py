@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing course_lib
     sys.path.insert(0, str(ROOT))
 
-from course_lib.core.affinity import PIN_HELP, pin_option, pinned  # noqa: E402
+from course_lib.core.affinity import PIN_HELP, pin_option, pinned, sides  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool  # noqa: E402
 from course_lib.measure.load_server import wait_idle  # noqa: E402
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     pin = args.pin
     if pin is not None:
         print(f"pinned: {pin.text()}")
-    server_cores, tool_cores = (None, None) if pin is None else (pin.server, pin.tools)
+    server_cores, tool_cores = sides(pin)
     ids = FeatureStore.open().sample_ids(2048, seed=2024)
     with contextlib.ExitStack() as stack:
         with pinned(tool_cores):  # the generator processes inherit the tools' cores

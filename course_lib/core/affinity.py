@@ -129,6 +129,11 @@ def split_cores(server_cores: int, cores: Iterable[int] | None = None) -> CoreSp
     return CoreSplit(server=ids[:n], tools=ids[n:])
 
 
+def sides(pin: CoreSplit | None) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """``(server cores, tool cores)`` of ``pin``, or ``(None, None)`` (what :func:`pinned` leaves alone)."""
+    return (None, None) if pin is None else (pin.server, pin.tools)
+
+
 def pin_option(text: str) -> CoreSplit | None:
     """``argparse`` type of ``--pin-server-cores N``: :func:`split_cores` of ``N``, or None for 0 (no pinning).
 

@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from course_lib.core.affinity import CoreSplit, pinned
+from course_lib.core.affinity import CoreSplit, pinned, sides
 from course_lib.core.checks import integer, positive_number
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
 from course_lib.measure.knee import step_row
@@ -222,7 +222,7 @@ def run_waterfall(
     ids = FeatureStore.open().sample_ids(2048, seed=2024)
     payloads = [{"customer_id": c} for c in ids]
     server_cfg = DEFAULTS.replace(lifetime_s=lifetime_s)
-    server_cores, tool_cores = (None, None) if pin is None else (pin.server, pin.tools)
+    server_cores, tool_cores = sides(pin)
     with contextlib.ExitStack() as stack:
         with pinned(tool_cores):  # the generator processes inherit the tools' cores
             pool = stack.enter_context(GeneratorPool(n_generators))
@@ -230,15 +230,17 @@ def run_waterfall(
             with pinned(server_cores):
                 null_url = null_server.enter_context(serve_null(lifetime_s=120))
             gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
-        with pinned(
-            server_cores
-        ):  # every server inherits the server's cores (and counts its workers on them)
-            commands = {
-                k: production_command(cfg, server_cfg) for k in needed if (cfg := servers[k]) is not None
-            }
-            workers = {k: 1 if (cfg := servers[k]) is None else cfg.n_workers for k in needed}
-            described = {k: "prototype: course_lib.measure.load_server.serve_churn" if (cfg := servers[k]) is None
-                         else cfg.describe() for k in needed}  # fmt: skip
+        # every server inherits the server's cores (and counts its workers on them)
+        with pinned(server_cores):
+            commands, workers, described = {}, {}, {}
+            for k in needed:
+                cfg = servers[k]
+                workers[k] = 1 if cfg is None else cfg.n_workers
+                described[k] = (
+                    "prototype: course_lib.measure.load_server.serve_churn" if cfg is None else cfg.describe()
+                )
+                if cfg is not None:
+                    commands[k] = production_command(cfg, server_cfg)
             urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
             if "prototype" in needed:
                 urls["prototype"] = stack.enter_context(
