@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from course_lib.core._io import REPO_ROOT, atomic_write_text
+from course_lib.core.files import REPO_ROOT, atomic_write_text
 
 __all__ = ["LessonResult", "lesson_paths", "main", "prepare_first_run", "run_lessons"]
 

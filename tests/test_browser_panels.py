@@ -31,7 +31,7 @@ import httpx
 import pytest
 from components import CHROMIUM, require_component
 
-from course_lib.core._guard import guard_command
+from course_lib.core.guard import guard_command
 from course_lib.core.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -60,7 +60,9 @@ def test_a_build_removes_temporaries_left_by_an_interrupted_build(tmp_path):
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     gone_pid = int(finished.stdout)  # a process that has exited: its half-written file is stale
-    stale = path.with_name(f".{path.name}.{gone_pid}.0a1b2c3d.tmp")  # course_lib.core._io.atomic_path's name
+    stale = path.with_name(
+        f".{path.name}.{gone_pid}.0a1b2c3d.tmp"
+    )  # course_lib.core.files.atomic_path's name
     stale.write_bytes(b"x" * 1000)
     live = path.with_name(f".{path.name}.{os.getppid()}.0a1b2c3d.tmp")  # a live process may still be building
     live.write_bytes(b"y")

@@ -1,4 +1,4 @@
-"""course_lib.core._io: an atomic write is all or nothing for readers, for failures and for rivals."""
+"""course_lib.core.files: an atomic write is all or nothing for readers, for failures and for rivals."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.core._io import atomic_path, atomic_write_bytes, atomic_write_text, leftover_temporaries
+from course_lib.core.files import atomic_path, atomic_write_bytes, atomic_write_text, leftover_temporaries
 from course_lib.core.waiting import wait_until
 
 CHUNK = 64 * 1024
@@ -158,7 +158,7 @@ def test_a_killed_writer_leaves_a_temporary_that_names_its_process(tmp_path):
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from course_lib.core._io import atomic_path\n"
+        "from course_lib.core.files import atomic_path\n"
         "with atomic_path(sys.argv[1]) as tmp:\n"
         "    tmp.write_bytes(b'half')\n"
         "    Path(sys.argv[2]).write_text(str(tmp))\n"

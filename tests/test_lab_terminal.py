@@ -20,7 +20,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.ioloop import IOLoop
 from tornado.websocket import websocket_connect
 
-from course_lib.core._process import free_port
+from course_lib.core.process import free_port
 from course_lib.core.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -137,12 +137,9 @@ def test_the_package_tree_is_readable_from_ls():
     assert not long, long
 
 
-#: Packages whose private modules keep their own ``__all__``, with the reason. ``core``'s private
-#: modules (``_process``, ``_io``) are imported by every layer as modules of their own, not re-exported
-#: by ``course_lib.core``, so their ``__all__`` is the only list of their names.
-OWN_API_LISTS: dict[str, str] = {
-    "course_lib/core": "its private modules are imported directly; course_lib.core re-exports none of them",
-}
+#: Packages whose private modules keep their own ``__all__``, with the reason (none: a module that other
+#: packages import by name is public, like ``course_lib.core.process``).
+OWN_API_LISTS: dict[str, str] = {}
 
 
 def _defines_all(path: Path) -> bool:

@@ -1,4 +1,4 @@
-"""The one process toolkit (``course_lib.core._process``, the guard ``course_lib.core._guard``): ports, exit with the parent, stopping, logs."""
+"""The one process toolkit (``course_lib.core.process``, the guard ``course_lib.core.guard``): ports, exit with the parent, stopping, logs."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import time
 import psutil
 import pytest
 
-from course_lib.core._guard import guard_command
-from course_lib.core._process import (
+from course_lib.core.checks import InvalidArgumentError
+from course_lib.core.guard import guard_command
+from course_lib.core.process import (
     PARENT_DEATHSIG_ENV,
     PARENT_PID_ENV,
     child_env,
@@ -25,7 +26,6 @@ from course_lib.core._process import (
     start_child,
     stop_process,
 )
-from course_lib.core.checks import InvalidArgumentError
 from course_lib.core.waiting import wait_until
 
 
@@ -70,9 +70,9 @@ def test_a_child_started_from_a_thread_that_ends_outlives_the_thread_but_not_the
     script = textwrap.dedent(
         """
         import sys, threading, time
-        from course_lib.core._process import start_child
+        from course_lib.core.process import start_child
         box = []
-        code = "from course_lib.core._process import exit_with_parent; import time; exit_with_parent(); time.sleep(60)"
+        code = "from course_lib.core.process import exit_with_parent; import time; exit_with_parent(); time.sleep(60)"
         t = threading.Thread(target=lambda: box.append(start_child([sys.executable, "-c", code])))
         t.start(); t.join()
         time.sleep(0.5)  # the starting thread is gone; the child must still run
@@ -140,7 +140,7 @@ def test_the_guard_stops_its_command_and_removes_its_folder_when_told_to(tmp_pat
 
 
 def test_a_parent_pid_inherited_from_an_ancestor_is_ignored_and_a_dead_one_is_not():
-    code = "from course_lib.core._process import exit_with_parent; print(exit_with_parent())"
+    code = "from course_lib.core.process import exit_with_parent; print(exit_with_parent())"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     for named, expected in ((1, str(os.getpid())), (dead.pid, None)):  # pid 1 lives; the other is gone
@@ -159,7 +159,7 @@ def test_a_child_also_exits_when_the_second_process_it_watches_is_gone():
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     code = (
         "import os, time\n"
-        "from course_lib.core._process import exit_with_parent\n"
+        "from course_lib.core.process import exit_with_parent\n"
         f"exit_with_parent(os.getppid(), with_pid={job.pid}, check_s=0.05, exit_code=7)\n"
         "print('watching', flush=True)\n"
         "time.sleep(60)\n"

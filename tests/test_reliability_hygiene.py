@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from course_lib.core._process import PARENT_CHECK_S
+from course_lib.core.process import PARENT_CHECK_S
 from course_lib.core.waiting import wait_until
 from course_lib.serving.cache.redis_server import redis_unavailable_reason
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from course_lib.core._io import REPO_ROOT
 from course_lib.core.checks import integer
+from course_lib.core.files import REPO_ROOT
 
 __all__ = [
     "BINARY_COLUMNS",

@@ -36,8 +36,8 @@ from course_lib.churn.data import (
     load_telco,
 )
 from course_lib.churn.schema import check_frame
-from course_lib.core._io import atomic_path
 from course_lib.core.checks import InvalidArgumentError, number
+from course_lib.core.files import atomic_path
 
 __all__ = [
     "DEFAULT_NTHREAD",

@@ -53,8 +53,8 @@ from course_lib.churn.model import (
     tenure_band,
 )
 from course_lib.churn.pruning import prune_trees
-from course_lib.core._io import atomic_path
 from course_lib.core.checks import instance_of
+from course_lib.core.files import atomic_path
 
 __all__ = [
     "BROKEN_SLICE",

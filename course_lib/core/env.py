@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from course_lib.core._io import REPO_ROOT
 from course_lib.core.bench import usable_cores
+from course_lib.core.files import REPO_ROOT
 
 __all__ = ["THREAD_ENV_VARS", "EnvReport", "course_environment", "cpu_model", "env_report"]
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_lib.core._io import REPO_ROOT
 from course_lib.core.checks import non_empty
+from course_lib.core.files import REPO_ROOT
 
 __all__ = [
     "COURSE_ROOT",

@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from course_lib.core._io import REPO_ROOT as _REPO_ROOT
+from course_lib.core.files import REPO_ROOT as _REPO_ROOT
 
 __all__ = [
     "DEVICES",

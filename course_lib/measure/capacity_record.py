@@ -22,8 +22,8 @@ from typing import cast
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
-from course_lib.core._io import atomic_write_text
 from course_lib.core.env import env_report
+from course_lib.core.files import atomic_write_text
 
 __all__ = [
     "LESSON3_RECORD",

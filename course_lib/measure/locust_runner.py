@@ -3,7 +3,7 @@
 ``run_locust`` starts ``locust --headless -u U -r R -t T --csv PREFIX`` on ``loadtests/locustfile.py``
 in a subprocess that stops after its run time (``-t`` plus ``--stop-timeout``), is killed if it
 overruns, and dies with the process that started it (it runs under the course's process guard,
-``python -m course_lib.core._guard``). ``read_locust_stats`` reads the ``_stats.csv`` back.
+``python -m course_lib.core.guard``). ``read_locust_stats`` reads the ``_stats.csv`` back.
 
 Properties of Locust's numbers, reproduced here so tests check them against Locust's own code:
 
@@ -56,9 +56,9 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core import checks
-from course_lib.core._guard import guard_command
-from course_lib.core._io import REPO_ROOT
-from course_lib.core._process import child_env
+from course_lib.core.files import REPO_ROOT
+from course_lib.core.guard import guard_command
+from course_lib.core.process import child_env
 
 __all__ = [
     "LOCUSTFILE",

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from course_lib.churn.data import ID_COLUMN
-from course_lib.core._io import atomic_path
+from course_lib.core.files import atomic_path
 from course_lib.offline.rows import check_rows, encode_rows
 from course_lib.offline.scorers import ScorerSpec
 from course_lib.offline.store import ChunkPlan, read_chunk
@@ -152,7 +152,7 @@ def _input_buffer(rows: int, width: int) -> np.ndarray:
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` as Parquet to ``path`` so that a reader sees no file or the whole file.
 
-    Written through ``course_lib.core._io.atomic_path``: the temporary name starts with a dot and ends
+    Written through ``course_lib.core.files.atomic_path``: the temporary name starts with a dot and ends
     with ``.tmp`` (a job removes leftovers of a killed run when it starts). Constant columns are
     dictionary-encoded, the unique ids are not.
     """

@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from course_lib.churn.data import CATEGORICAL_LEVELS, DATA_DIR, FEATURE_COLUMNS, ID_COLUMN, make_customers
-from course_lib.core._io import atomic_path
 from course_lib.core.checks import integer
+from course_lib.core.files import atomic_path
 from course_lib.serving.feature_store import TABLE
 
 __all__ = [

@@ -43,8 +43,8 @@ import onnx
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from course_lib.core._io import atomic_write_bytes
 from course_lib.core.checks import integer, integers
+from course_lib.core.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from sklearn.pipeline import Pipeline

@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TypedDict
 
-from course_lib.core._process import exit_with_parent
 from course_lib.core.checks import integer
+from course_lib.core.process import exit_with_parent
 from course_lib.offline.chunk import ChunkResult, ChunkTask, score_chunk
 from course_lib.offline.fork_server import warm_up_workers, worker_context
 

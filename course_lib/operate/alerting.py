@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from course_lib.core._io import REPO_ROOT
 from course_lib.core.checks import InvalidArgumentError, number, positive_number
+from course_lib.core.files import REPO_ROOT
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S, SLO_P95_S, extrapolated_rate, histogram_quantile
 
 __all__ = [

@@ -15,7 +15,7 @@
 
 Each helper process is started with this module's command line (``python -m course_lib.operate.model_pool``),
 exits when its work or its ``--lifetime-s`` is done, and also within a fraction of a second of its
-parent's death (``course_lib.core._process.exit_with_parent``); its stderr goes to an anonymous log.
+parent's death (``course_lib.core.process.exit_with_parent``); its stderr goes to an anonymous log.
 
 References
 ----------
@@ -41,11 +41,11 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from course_lib.core._process import child_env, exit_with_parent, start_child, stop_processes
 from course_lib.core.bench import round_order, time_calls_ns
 from course_lib.core.checks import integer
 from course_lib.core.intervals import ratio_interval
 from course_lib.core.percentiles import percentile
+from course_lib.core.process import child_env, exit_with_parent, start_child, stop_processes
 from course_lib.core.waiting import wait_until
 from course_lib.cost import replicas_needed
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from course_lib.core._io import atomic_write_text
+from course_lib.core.files import atomic_write_text
 from course_lib.operate.alerting import (
     PROMETHEUS_DIR,
     RULES,

@@ -23,7 +23,7 @@ Modules: ``_pool`` (``GeneratorPool``, ``merge_results``, ``run_generators``) an
 null server.
 
 Every generator process exits within a fraction of a second of the process that started the pool
-(``course_lib.core._process.exit_with_parent``), even if that one is killed.
+(``course_lib.core.process.exit_with_parent``), even if that one is killed.
 
 References
 ----------

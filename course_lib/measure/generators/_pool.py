@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from course_lib.core._process import exit_with_parent
 from course_lib.core.checks import integer, number, positive_number
+from course_lib.core.process import exit_with_parent
 from course_lib.measure.loadgen import SPIN_WINDOW_S, LoadResult, run_open_loop
 from course_lib.measure.targets import wire_target
 

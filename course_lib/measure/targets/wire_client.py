@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from course_lib.core._sockets import readable
 from course_lib.core.checks import integer, positive_number
+from course_lib.core.sockets import readable
 
 __all__ = ["WireAnswer", "WireClient"]
 

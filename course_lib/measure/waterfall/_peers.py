@@ -25,9 +25,9 @@ from typing import Any
 import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
-from course_lib.core._guard import guard_command
-from course_lib.core._io import REPO_ROOT
 from course_lib.core.affinity import pinned_text
+from course_lib.core.files import REPO_ROOT
+from course_lib.core.guard import guard_command
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.waterfall._record import table_from_rows, table_rows
 
@@ -69,7 +69,7 @@ PEERS: tuple[PeerSpec, ...] = (
 def peer_command(spec: PeerSpec, python: str | Path, *, workers: int) -> list[str]:
     """The command that starts ``spec`` with ``python`` and ``workers`` worker processes (no port yet).
 
-    The peer runs under the course's process guard (``course_lib.core._guard``, in this Python) in a
+    The peer runs under the course's process guard (``course_lib.core.guard``, in this Python) in a
     process group of its own, and the guard stops the whole group (SIGTERM, then SIGKILL after 10 s)
     when it is stopped itself (``run_processes`` sends SIGTERM) or when the process that started it
     dies: a peer's workers (LitServe's inference processes, BentoML's and granian's workers) do not all

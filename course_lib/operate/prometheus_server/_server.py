@@ -6,7 +6,7 @@ given ``host:port`` targets (one job, a short scrape interval), starts the serve
 port with its storage in a private temporary folder, waits until ``/-/ready`` answers and checks that
 the server answering is the one it started (its ``storage.tsdb.path`` flag is our folder), and always
 stops it on exit. It cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and it
-runs under the course's process guard (``course_lib.core._guard``, as ``redis-server`` does), which
+runs under the course's process guard (``course_lib.core.guard``, as ``redis-server`` does), which
 stops it and removes its folder when the Python process that started it dies. Its log goes to an
 anonymous file (never to a pipe nobody reads); the end of the log is in every error.
 
@@ -41,8 +41,8 @@ import pandas as pd
 import yaml
 
 from course_lib.core import checks
-from course_lib.core._guard import guard_command
-from course_lib.core._process import ChildProcess, free_port, start_child
+from course_lib.core.guard import guard_command
+from course_lib.core.process import ChildProcess, free_port, start_child
 from course_lib.core.waiting import wait_until
 
 _START_ATTEMPTS = 5  # free ports tried when another program takes the one we picked

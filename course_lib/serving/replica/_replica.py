@@ -51,9 +51,9 @@ from typing import Any
 
 import httpx
 
-from course_lib.core._io import REPO_ROOT
-from course_lib.core._process import ChildProcess, start_child
 from course_lib.core.checks import InvalidArgumentError, positive_number
+from course_lib.core.files import REPO_ROOT
+from course_lib.core.process import ChildProcess, start_child
 from course_lib.serving.production import PRODUCTION
 from course_lib.serving.replica._middleware import (
     FAULT_FIELDS,

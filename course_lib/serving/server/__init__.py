@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from course_lib.core._process import PARENT_PID_ENV
+from course_lib.core.process import PARENT_PID_ENV
 from course_lib.serving.server._config import (
     DEFAULTS,
     EVENT_LOOPS,

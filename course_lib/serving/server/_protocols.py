@@ -16,7 +16,7 @@ protocol class (``H11Protocol`` or ``HttpToolsProtocol``) and adds, identically 
   open-file limit;
 * **no request lost to an idle timer**: a request whose bytes reached the kernel just before uvicorn's
   keep-alive timer (or the header timer) fired, unread by a busy loop, was dropped with a reset. A
-  timer that finds bytes waiting (a poll, ``course_lib.core._sockets``) gives them ``IN_TIME_GRACE_S``
+  timer that finds bytes waiting (a poll, ``course_lib.core.sockets``) gives them ``IN_TIME_GRACE_S``
   once per idle spell; one that finds none sends the end of stream at once (unless an answer is still
   being sent), so a client that checks before reusing the connection (``WireClient``, urllib3) sees
   it. The rest is the client's to avoid, by an idle limit below the server's keep-alive (RFC 9112
@@ -64,7 +64,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from course_lib.core._sockets import end_stream_now, peek, readable
+from course_lib.core.sockets import end_stream_now, peek, readable
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._refusals import (
     HEADERS_TOO_LARGE,

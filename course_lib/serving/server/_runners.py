@@ -43,7 +43,8 @@ from typing import TypeVar
 
 import uvicorn
 
-from course_lib.core._process import (
+from course_lib.core.checks import integer, positive_number
+from course_lib.core.process import (
     LOOPBACK_HOST,
     ChildProcess,
     free_port,
@@ -51,7 +52,6 @@ from course_lib.core._process import (
     start_child,
     stop_processes,
 )
-from course_lib.core.checks import integer, positive_number
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._serve import (
     READY_FD_ENV,
@@ -178,7 +178,7 @@ def serve_in_thread(
 
 class ServerURLs(dict):
     """name -> base URL, plus ``processes`` (name -> the first worker's ``subprocess.Popen``) and
-    ``workers`` (name -> every worker's ``course_lib.core._process.ChildProcess``)."""
+    ``workers`` (name -> every worker's ``course_lib.core.process.ChildProcess``)."""
 
     processes: dict[Hashable, subprocess.Popen]
     workers: dict[Hashable, list[ChildProcess]]

@@ -13,7 +13,7 @@
 
 :func:`serve_app` is what a server subprocess runs: those settings plus an open-file limit that fits
 the connection limit, a lifetime, an exit within ``parent_check_s`` of its parent's death
-(``course_lib.core._process.exit_with_parent``), ``SO_REUSEPORT`` when several workers share a port,
+(``course_lib.core.process.exit_with_parent``), ``SO_REUSEPORT`` when several workers share a port,
 and a readiness line for the parent. Its stderr is a log file the parent reads on failure (never a
 pipe: an unread pipe fills and freezes the server).
 
@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import uvicorn
 
-from course_lib.core._process import LOOPBACK_HOST, exit_with_parent
+from course_lib.core.process import LOOPBACK_HOST, exit_with_parent
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._door import Door
 from course_lib.serving.server._protocols import guarded_protocol

@@ -1,12 +1,12 @@
 """The process guard: run a command that cannot watch its parent itself, and stop it when the parent dies.
 
-``redis-server``, Locust and k6 cannot call :func:`course_lib.core._process.exit_with_parent`, so the
+``redis-server``, Locust and k6 cannot call :func:`course_lib.core.process.exit_with_parent`, so the
 course starts them under this guard (``start_child(guard_command([...]))``)::
 
-    python -m course_lib.core._guard [--parent-pid P] [--remove DIR] [--group] -- CMD ...
+    python -m course_lib.core.guard [--parent-pid P] [--remove DIR] [--group] -- CMD ...
 
 The guard runs ``CMD`` (which the kernel kills if the guard is killed: ``PR_SET_PDEATHSIG``), and when
-``P`` dies (default: :data:`~course_lib.core._process.PARENT_PID_ENV`, else its parent) or it is told
+``P`` dies (default: :data:`~course_lib.core.process.PARENT_PID_ENV`, else its parent) or it is told
 to stop (SIGTERM, SIGINT, SIGHUP), it stops ``CMD`` and removes each ``DIR``. With ``--group`` the
 command runs in a session of its own and the guard stops that whole process group, for a server that
 forks workers of its own (the serving peers). Its exit code is ``CMD``'s, or 128 + the signal that
@@ -28,8 +28,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from course_lib.core._process import exit_with_parent, set_pdeathsig, stop_process
 from course_lib.core.checks import positive_number
+from course_lib.core.process import exit_with_parent, set_pdeathsig, stop_process
 
 __all__ = ["guard_command"]
 
@@ -43,7 +43,7 @@ def guard_command(
     group: bool = False,
     stop_timeout_s: float | None = None,
 ) -> list[str]:
-    """The argv that runs ``command`` under the guard (this Python, ``-m course_lib.core._guard``).
+    """The argv that runs ``command`` under the guard (this Python, ``-m course_lib.core.guard``).
 
     Parameters
     ----------
@@ -57,14 +57,14 @@ def guard_command(
     Examples
     --------
     >>> guard_command(["sleep", "60"], remove=["/tmp/x"])[1:]
-    ['-m', 'course_lib.core._guard', '--remove', '/tmp/x', '--', 'sleep', '60']
+    ['-m', 'course_lib.core.guard', '--remove', '/tmp/x', '--', 'sleep', '60']
     """
     options = [arg for folder in remove for arg in ("--remove", str(folder))]
     if group:
         options.append("--group")
     if stop_timeout_s is not None:
         options += ["--stop-timeout-s", f"{positive_number('stop_timeout_s', stop_timeout_s):g}"]
-    return [sys.executable, "-m", "course_lib.core._guard", *options, "--", *map(str, command)]
+    return [sys.executable, "-m", "course_lib.core.guard", *options, "--", *map(str, command)]
 
 
 class _GuardStopError(Exception):
@@ -72,8 +72,8 @@ class _GuardStopError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m course_lib.core._guard``: run a command and stop it when the parent dies."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.core._guard", description=main.__doc__)
+    """``python -m course_lib.core.guard``: run a command and stop it when the parent dies."""
+    parser = argparse.ArgumentParser(prog="python -m course_lib.core.guard", description=main.__doc__)
     parser.add_argument("--parent-pid", type=int, default=0, help="default: $COURSE_PARENT_PID")
     parser.add_argument("--remove", action="append", default=[], help="folder removed at the end")
     parser.add_argument("--stop-timeout-s", type=float, default=2.0)

@@ -38,7 +38,7 @@ from course_lib.core.checks import instance_of
 
 __all__ = ["REPO_ROOT", "atomic_path", "atomic_write_bytes", "atomic_write_text", "leftover_temporaries"]
 
-#: The checkout holding this course_lib: ``course_lib/core/_io.py`` -> two folders up.
+#: The checkout holding this course_lib: ``course_lib/core/files.py`` -> two folders up.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _SUFFIX = ".tmp"

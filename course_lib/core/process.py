@@ -15,7 +15,7 @@ model-pool helpers):
   (an orphan is re-parented, so its parent pid changes) everywhere;
 * :func:`stop_process`: SIGTERM to the whole process group, a bounded wait, then SIGKILL;
 * the guard for a program that cannot run :func:`exit_with_parent` itself (``redis-server``, Locust,
-  k6) is :mod:`course_lib.core._guard` (``guard_command(CMD)`` starts it).
+  k6) is :mod:`course_lib.core.guard` (``guard_command(CMD)`` starts it).
 
 References
 ----------
