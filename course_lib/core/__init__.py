@@ -20,5 +20,6 @@ __all__ = [
     "plotting",
     "process",
     "sockets",
+    "vocabulary",
     "waiting",
 ]
