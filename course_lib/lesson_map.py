@@ -11,7 +11,8 @@ package with its private modules (``course_lib/serving/service/``, ``_app.py`` i
 Command line::
 
     python -m course_lib.lesson_map                     # module -> lessons, for every module
-    python -m course_lib.lesson_map --changed course_lib/serving/batching/rule.py notebooks/03_dynamic_batching.ipynb
+    python -m course_lib.lesson_map --changed course_lib/serving/batching/rule.py \
+        notebooks/03_dynamic_batching.ipynb
                                                         # the notebooks to re-execute, one per line
     python -m course_lib.lesson_map --module-table      # the README's module table (Markdown)
     python -m course_lib.lesson_map --module-table --write README.md   # ... rewritten in place
@@ -55,7 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "course_lib"
 MODULE_TABLE_START = "<!-- module-table:start -->"
 MODULE_TABLE_END = "<!-- module-table:end -->"
-#: The layer that holds the commands and the top-level modules (``lesson_map``, ``course_runner``, ``grading``).
+#: The layer that holds the commands and the top-level modules (``lesson_map``, ``course_runner``,
+#: ``grading``).
 TOOLS = "tools"
 
 

@@ -16,8 +16,8 @@ was told to load, so "which model answered?" always has a checked answer.
 
 The keys ``course_model_version`` and ``course_data_sha256`` belong to the exporter
 (``course_lib.churn.export._metadata.METADATA_MODEL_VERSION`` / ``METADATA_DATA_SHA256``, written by
-``course_lib.churn.export._metadata.stamp_identity``); ``stamp_metadata`` adds this module's own ``course_release``
-through the same writer.
+``course_lib.churn.export._metadata.stamp_identity``); ``stamp_metadata`` adds this module's own
+``course_release`` through the same writer.
 
 References
 ----------

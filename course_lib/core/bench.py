@@ -320,11 +320,12 @@ def compare_latency(
     DataFrame indexed by candidate with ``median_us``, ``p99_us`` (nearest rank), ``us_per_item`` and
     ``speedup`` (baseline median / candidate median) over all ``n_calls x rounds`` timed calls. With
     ``confidence``, ``speedup`` is instead the median over rounds of the per-round speed-up (baseline
-    median / candidate median in the same round), and ``speedup_low`` and ``speedup_high`` give its interval and ``resolved`` (-1 slower, +1 faster, 0 when the interval contains 1), and
-    ``.attrs["intervals"]`` maps each candidate to its :class:`course_lib.core.intervals.RatioInterval`
-    (candidate time / baseline time, so ``.phrase(less="faster", more="slower")`` words it).
-    ``.attrs["rounds_ns"]`` always holds the per-round call times (:func:`interleaved_rounds_ns`), for
-    intervals between any two candidates (:func:`course_lib.core.intervals.ratio_interval`).
+    median / candidate median in the same round), and ``speedup_low`` and ``speedup_high`` give its interval
+    and ``resolved`` (-1 slower, +1 faster, 0 when the interval contains 1), and ``.attrs["intervals"]`` maps
+    each candidate to its :class:`course_lib.core.intervals.RatioInterval` (candidate time / baseline time, so
+    ``.phrase(less="faster", more="slower")`` words it). ``.attrs["rounds_ns"]`` always holds the per-round
+    call times (:func:`interleaved_rounds_ns`), for intervals between any two candidates
+    (:func:`course_lib.core.intervals.ratio_interval`).
 
     Raises
     ------

@@ -25,7 +25,8 @@ References
 jupyter_client 8 ``KernelManager`` (``format_kernel_cmd``, ``_async_post_start_kernel``, ``transport``
 and ``ip`` of ``ConnectionFileMixin``, ``_create_connected_socket``); ZeroMQ ``zmq_setsockopt(3)``
 (``ZMQ_MAXMSGSIZE``: a peer sending a larger message is disconnected; ``ZMQ_RCVHWM``;
-``ZMQ_RECONNECT_IVL`` -1: no reconnection); ``proc(5)`` (``/proc/PID/root``, ``/proc/PID/fd``, ``/proc/net/unix``).
+``ZMQ_RECONNECT_IVL`` -1: no reconnection); ``proc(5)`` (``/proc/PID/root``, ``/proc/PID/fd``,
+``/proc/net/unix``).
 """
 
 from __future__ import annotations

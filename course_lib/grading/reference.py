@@ -168,9 +168,9 @@ def speedup(
     sandbox is stopped (``SIGSTOP``), so nothing the submission started competes with it for the CPU.
     Stopping it is timed with the baseline: a walk over the sandbox's processes in ``/proc``, small
     next to a baseline request (it grows with the processes, at most ``max_processes``); timed with
-    the student's calls instead it would weigh on a fast solution's much shorter requests. The ratio is ``p99_median_of_rounds_us(baseline) /
-    p99_median_of_rounds_us(student)`` (:mod:`course_lib.core.bench`) over the requests' times;
-    ``low`` and ``high`` are the smallest and largest ratio of one round's p99s.
+    the student's calls instead it would weigh on a fast solution's much shorter requests. The ratio is
+    ``p99_median_of_rounds_us(baseline) / p99_median_of_rounds_us(student)`` (:mod:`course_lib.core.bench`)
+    over the requests' times; ``low`` and ``high`` are the smallest and largest ratio of one round's p99s.
 
     Returns
     -------

@@ -1,7 +1,8 @@
 """The grading sandbox without bubblewrap: util-linux ``unshare``, ``mount`` and ``pivot_root``.
 
-Where bubblewrap is missing, :func:`unshare_command` builds the same :class:`~course_lib.grading.view.KernelView`
-with tools every Linux distribution ships in ``util-linux`` (no daemon, no setuid helper):
+Where bubblewrap is missing, :func:`unshare_command` builds the same
+:class:`~course_lib.grading.view.KernelView` with tools every Linux distribution ships in ``util-linux`` (no
+daemon, no setuid helper):
 
 1. ``setpriv --pdeathsig KILL`` makes ``unshare`` die with the grader; ``unshare --user --map-root-user
    --mount --net --pid --ipc --uts --cgroup --fork --kill-child`` creates the namespaces and starts a

@@ -26,8 +26,8 @@ References
 ----------
 nbgrader 0.9 ``nbgrader.validator.Validator`` (``validate``, ``validate_and_print``; it runs nbgrader's
 ``Execute``, an nbclient ``NotebookClient``, with itself as config parent), nbclient 0.11
-``NotebookClient`` hooks and ``nbgrader.server_extensions.validate_assignment`` (the Validate button loads ``nbgrader_config.py``
-from the Jupyter configuration path and the server's working folder).
+``NotebookClient`` hooks and ``nbgrader.server_extensions.validate_assignment`` (the Validate button loads
+``nbgrader_config.py`` from the Jupyter configuration path and the server's working folder).
 """
 
 from __future__ import annotations

@@ -93,8 +93,9 @@ def hdr_percentile_ms(hist: HdrHistogram, q: float) -> float:
 def hdr_rank(n: int, q: float) -> int:
     """The 1-based rank HdrHistogram reads for the q-th percentile of ``n`` values.
 
-    ``hdrh.histogram.HdrHistogram.get_target_count_at_percentile``: ``max(int(min(q, 100) x n / 100 + 0.5), 1)``,
-    the same float arithmetic, so q/100 x n rounded half up, where nearest rank takes ``ceil(q/100 x n)``.
+    ``hdrh.histogram.HdrHistogram.get_target_count_at_percentile``:
+    ``max(int(min(q, 100) x n / 100 + 0.5), 1)``, the same float arithmetic, so q/100 x n rounded half up,
+    where nearest rank takes ``ceil(q/100 x n)``.
 
     Raises
     ------

@@ -46,8 +46,8 @@ __all__ = [
 ]
 
 #: Largest allowed |score alone - score in a batch| for a variant that a batching server may use.
-#: Rationale: the same bound as ONNX parity (``course_lib.churn.export._onnx.PARITY_ATOL`` = 1e-5): a score may
-#: depend on its batch mates no more than on the runtime that computes it. Row-wise kernels (FP32,
+#: Rationale: the same bound as ONNX parity (``course_lib.churn.export._onnx.PARITY_ATOL`` = 1e-5): a score
+#: may depend on its batch mates no more than on the runtime that computes it. Row-wise kernels (FP32,
 #: FP16, INT8-static) move by 0 to ~1e-7 (float32 summation order); INT8-dynamic moves by ~1e-3 on
 #: ordinary batches, and far more next to an extreme customer.
 BATCH_INDEPENDENCE_ATOL = PARITY_ATOL

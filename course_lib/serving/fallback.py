@@ -42,8 +42,8 @@ class SlowDependency:
     base_ms, slow_ms : float >= 0
         Time of a normal and of a stalled call (an ``asyncio.sleep``: cancellable, like network I/O).
     slow_fraction : float in [0, 1]
-        Which calls stall is a hash of ``(seed, call_id)`` (``course_lib.serving.replica._replica.is_slow``), so the
-        same calls stall in every run.
+        Which calls stall is a hash of ``(seed, call_id)`` (``course_lib.serving.replica._replica.is_slow``),
+        so the same calls stall in every run.
     seed : int
 
     Attributes

@@ -1,10 +1,10 @@
 """Which model and which data made an ONNX file: the keys of its ``metadata_props`` and their one writer.
 
-One concept: an exported file's identity. ``course_lib.churn.export._onnx.pipeline_to_onnx`` stamps every file it
-writes with the trained model's version and the training data's sha256 through :func:`stamp_identity`;
+One concept: an exported file's identity. ``course_lib.churn.export._onnx.pipeline_to_onnx`` stamps every file
+it writes with the trained model's version and the training data's sha256 through :func:`stamp_identity`;
 ``course_lib.churn.versions.stamp_metadata`` adds a release name through the same function, and
-``course_lib.churn.export._onnx.OnnxChurnScorer`` reads the keys back, so "which model answered?" has one spelling.
-``course_lib.churn.export._onnx`` re-exports the keys.
+``course_lib.churn.export._onnx.OnnxChurnScorer`` reads the keys back, so "which model answered?" has one
+spelling. ``course_lib.churn.export._onnx`` re-exports the keys.
 
 References
 ----------
@@ -32,8 +32,9 @@ def stamp_identity(
     """Write which model and which data made ``model`` into its ``metadata_props`` (in place; returned).
 
     The one writer of ``METADATA_MODEL_VERSION`` and ``METADATA_DATA_SHA256``:
-    ``course_lib.churn.export._onnx.pipeline_to_onnx`` and ``course_lib.churn.versions.stamp_metadata`` both call it. Keys already present keep their
-    place and take the new value; new keys follow in the order data checksum, model version, ``extra``.
+    ``course_lib.churn.export._onnx.pipeline_to_onnx`` and ``course_lib.churn.versions.stamp_metadata`` both
+    call it. Keys already present keep their place and take the new value; new keys follow in the order data
+    checksum, model version, ``extra``.
 
     Parameters
     ----------

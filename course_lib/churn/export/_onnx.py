@@ -77,7 +77,8 @@ def pipeline_to_onnx(
     Parameters
     ----------
     pipeline : sklearn Pipeline
-        Output of ``course_lib.churn.model.make_xgb_pipeline`` after ``fit`` (or any pipeline skl2onnx converts).
+        Output of ``course_lib.churn.model.make_xgb_pipeline`` after ``fit`` (or any pipeline skl2onnx
+        converts).
     target_opset, ml_opset : int
         Opsets of the default and ``ai.onnx.ml`` domains.
     model_version : str, optional

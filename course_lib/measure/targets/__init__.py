@@ -2,8 +2,8 @@
 
 ``course_lib.measure.loadgen.run_open_loop`` sends request ``i`` by awaiting ``send(i)``; these build such a
 ``send`` from what is under test. The ``*_target`` functions that return a factory (a zero-argument
-async context manager yielding ``send``) give every run of a ladder (``course_lib.measure.rate_sweep``) a fresh
-client or batcher, so runs do not share a backlog.
+async context manager yielding ``send``) give every run of a ladder (``course_lib.measure.rate_sweep``) a
+fresh client or batcher, so runs do not share a backlog.
 
 References
 ----------
@@ -40,7 +40,8 @@ __all__ = [
 ]
 
 
-#: The field the HTTP targets record as each request's time on the wire (ms); ``wire_target`` times it as k6 does.
+#: The field the HTTP targets record as each request's time on the wire (ms); ``wire_target`` times it as k6
+#: does.
 WIRE_FIELD = "wire_ms"
 
 
@@ -85,7 +86,8 @@ def http_target(client: Any, url: str, payloads: Sequence[Any], *, fields: Itera
     """POST ``payloads[i % len(payloads)]`` as JSON to ``url`` with an ``httpx.AsyncClient``.
 
     A non-2xx answer raises ``course_lib.serving.service.HttpStatusError`` naming the status and the
-    start of the body, so it is recorded as an error (or as shed, for 429/503) with its reason. The named fields of the JSON answer are recorded.
+    start of the body, so it is recorded as an error (or as shed, for 429/503) with its reason. The named
+    fields of the JSON answer are recorded.
 
     Raises
     ------

@@ -1,8 +1,8 @@
 """A lean keep-alive HTTP/1.1 client that times each request on the wire, as k6 does.
 
 Until December 2026 the course generator's requests went through aiohttp, whose answer reaches the
-sending task one or two event-loop turns after its last byte was parsed; on a busy 2-core machine those turns hold other
-requests' work, so a time taken in the task is longer than the request spent on the wire. k6 times
+sending task one or two event-loop turns after its last byte was parsed; on a busy 2-core machine those turns
+hold other requests' work, so a time taken in the task is longer than the request spent on the wire. k6 times
 ``http_req_duration`` from its write to its read in Go's own runtime. :class:`WireClient` takes both
 stamps where the bytes move: just before ``transport.write`` and in ``data_received``, the moment the
 answer's last byte is parsed (``httptools``, the C parser uvicorn uses), before any task resumes.

@@ -85,7 +85,8 @@ class Candidate:
     """A way to score a batch: ``make_call(batch_size)`` returns a zero-argument callable doing one call.
 
     ``max_batch_size`` skips batch sizes that would make the run too long (e.g. 65,536 rows on one CPU
-    thread); ``runtime`` and ``device`` label the result (``"onnxruntime"``/``"xgboost"``, ``"cpu"``/``"cuda"``).
+    thread); ``runtime`` and ``device`` label the result (``"onnxruntime"``/``"xgboost"``,
+    ``"cpu"``/``"cuda"``).
     """
 
     name: str
@@ -114,7 +115,8 @@ def measure_batch_latency(
     batch_sizes : sequence of int >= 1
     target_s : float > 0
         Rough timed seconds per candidate and batch size; sets the calls per round from one probe call,
-        clipped to ``[min_calls, max_calls]`` (the harness's rule, :func:`course_lib.core.bench.calls_per_round`).
+        clipped to ``[min_calls, max_calls]`` (the harness's rule,
+        :func:`course_lib.core.bench.calls_per_round`).
     rounds : int >= 1, default 9
         Interleaved rounds; each gives its own p99. An odd count makes the median one round's value.
     warmup_calls : int >= 0

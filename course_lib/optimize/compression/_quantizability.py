@@ -2,8 +2,8 @@
 
 ONNX Runtime's quantizer rewrites weight *initializers* of a short list of standard ops (MatMul, Gemm,
 Conv, Gather, ...). A tree ensemble keeps its thresholds and leaf values in ``ai.onnx.ml`` node
-attributes, so there is nothing to quantize; :func:`course_lib.optimize.compression._variant.make_variant` refuses with
-this module's report instead of handing back a "quantized" file that is the same model.
+attributes, so there is nothing to quantize; :func:`course_lib.optimize.compression._variant.make_variant`
+refuses with this module's report instead of handing back a "quantized" file that is the same model.
 
 References
 ----------
@@ -165,8 +165,9 @@ def graph_changes(
     Returns
     -------
     dict with ``unchanged`` (bool: the same nodes with the same inputs, outputs and attributes, in any
-    order since quantizers re-sort the graph; the same initializer names and types), ``ops_added`` and ``ops_removed`` (dict op_type -> count) and
-    ``initializers_retyped`` (dict name -> (old type, new type) as ONNX type names).
+    order since quantizers re-sort the graph; the same initializer names and types), ``ops_added`` and
+    ``ops_removed`` (dict op_type -> count) and ``initializers_retyped`` (dict name -> (old type, new type) as
+    ONNX type names).
     """
     a = load_model_proto(before, "before").graph
     b = load_model_proto(after, "after").graph

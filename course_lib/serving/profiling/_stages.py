@@ -14,8 +14,8 @@ References
 MLOps course lesson 19, "Inference Engineering Basics" (source 000): the five-stage budget, the
 ``RequestProfile`` / latency-budget idea and its 90 x 30 ms, 8 x 70 ms, 2 x 150 ms test vector.
 W3C, "Server Timing" (Working Draft): the ``Server-Timing`` header syntax ``name;dur=<ms>``, written
-and read by :mod:`course_lib.serving.profiling._server_timing` (``format_server_timing`` / ``parse_server_timing`` are
-re-exported here).
+and read by :mod:`course_lib.serving.profiling._server_timing` (``format_server_timing`` /
+``parse_server_timing`` are re-exported here).
 """
 
 from __future__ import annotations
