@@ -193,7 +193,6 @@ NOT_YET_SPLIT: frozenset[str] = frozenset({
     "course_lib/serving/production/_app.py:create_production_app",
     "course_lib/serving/server/_runners.py:run_processes",
     "course_lib/serving/service/_app.py:create_app",
-    "course_lib/simulate/batching.py:simulate_dynamic_batching",
 })  # fmt: skip
 
 
