@@ -172,7 +172,6 @@ NOT_YET_SPLIT: frozenset[str] = frozenset({
     "course_lib/measure/generators/_null.py:generator_limit",
     "course_lib/measure/loadgen.py:run_open_loop",
     "course_lib/measure/rate_sweep.py:sweep_rates",
-    "course_lib/measure/tail/_cold_start.py:cold_start_table",
     "course_lib/measure/waterfall/_bench.py:run_waterfall",
     "course_lib/measure/waterfall/_climb.py:interleaved_climb",
     "course_lib/measure/waterfall/_k6.py:run_k6",
