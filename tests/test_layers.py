@@ -183,7 +183,6 @@ NOT_YET_SPLIT: frozenset[str] = frozenset({
     "course_lib/operate/promtool.py:promtool_test_file",
     "course_lib/optimize/runtime_tuning.py:oversubscription_table",
     "course_lib/serving/batching/predict.py:create_batched_app",
-    "course_lib/serving/hedging.py:hedged",
     "course_lib/serving/production/_app.py:create_production_app",
     "course_lib/serving/server/_runners.py:run_processes",
     "course_lib/serving/service/_app.py:create_app",
