@@ -181,7 +181,6 @@ NOT_YET_SPLIT: frozenset[str] = frozenset({
     "course_lib/offline/workers.py:run_chunks",
     "course_lib/operate/prometheus_server/_server.py:prometheus_server",
     "course_lib/operate/promtool.py:promtool_test_file",
-    "course_lib/optimize/runtime_tuning.py:oversubscription_table",
     "course_lib/serving/batching/predict.py:create_batched_app",
     "course_lib/serving/production/_app.py:create_production_app",
     "course_lib/serving/server/_runners.py:run_processes",
