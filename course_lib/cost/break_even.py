@@ -174,9 +174,10 @@ def break_even_rps(
     of the peak that starts at the ``min_replicas`` floor. Hours and the mean traffic cancel out (both
     options serve the same predictions), so the break-even point is the same per month and per
     prediction. Every replica step is checked exactly up to the traffic beyond which the cheaper option
-    can no longer change (B cheaper forever once ``slope_a x p > max(price_b x min_b, slope_b x p + price_b)``,
-    with ``slope = price x (1 + headroom) / (rps_per_replica x utilization)``), so
-    near-ties caused by the steps are reported, not smoothed away.
+    can no longer change (B cheaper forever once
+    ``slope_a x p > max(price_b x min_b, slope_b x p + price_b)``, with
+    ``slope = price x (1 + headroom) / (rps_per_replica x utilization)``), so near-ties caused by the
+    steps are reported, not smoothed away.
 
     Parameters
     ----------

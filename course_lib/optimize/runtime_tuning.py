@@ -268,14 +268,13 @@ def oversubscription_table(
 
     Returns
     -------
-    DataFrame indexed by (``n_processes``, ``intra_op_num_threads``) with ``threads_total`` (a
-    thread count of 0 is counted as ``usable_cores()``, which is what ONNX Runtime starts on a machine
-    whose logical cores are physical), ``threads_per_core`` (threads_total / usable cores),
-    ``p50_us``, ``p99_us`` (nearest rank) and ``achieved_rps`` (all workers' calls divided by the
-    slowest worker's wall time); with ``repeats`` > 1 the percentiles are over all repeats' samples
-    merged and ``achieved_rps`` is the median over repeats. ``.attrs["repeats"]`` maps each
-    configuration to its per-repeat ``p50_us``, ``p99_us`` and ``achieved_rps`` (lists in round
-    order), for :func:`oversubscription_ratio`.
+    DataFrame indexed by (``n_processes``, ``intra_op_num_threads``) with ``threads_total`` (a thread count of
+    0 is counted as ``usable_cores()``, which is what ONNX Runtime starts on a machine whose logical cores are
+    physical), ``threads_per_core`` (threads_total / usable cores), ``p50_us``, ``p99_us`` (nearest rank) and
+    ``achieved_rps`` (all workers' calls divided by the slowest worker's wall time); with ``repeats`` > 1 the
+    percentiles are over all repeats' samples merged and ``achieved_rps`` is the median over repeats.
+    ``.attrs["repeats"]`` maps each configuration to its per-repeat ``p50_us``, ``p99_us`` and
+    ``achieved_rps`` (lists in round order), for :func:`oversubscription_ratio`.
 
     Raises
     ------

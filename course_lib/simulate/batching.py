@@ -12,7 +12,8 @@ batcher applies Triton's rule (``next_batch_size``) to the queue:
 Requests that arrive while every instance is busy queue up and leave together, as one batch, when
 an instance frees. The same inputs always give the same output: there is no randomness and no clock.
 The rule itself, its knobs' checks and Poisson arrivals live in :mod:`course_lib.serving.batching.rule`
-(re-exported here), which ``course_lib.serving.batching.batcher`` imports to apply the very same rule to real requests.
+(re-exported here), which ``course_lib.serving.batching.batcher`` imports to apply the very same rule
+to real requests.
 
 References
 ----------
@@ -206,7 +207,7 @@ class _Batcher:
         return _Batch(size=size, instance=instance, trigger=str(trigger))
 
     def serve(self, batch: _Batch, t: float) -> None:
-        """Dispatch ``batch`` at ``t``: its requests leave the queue, its instance is busy until t + service."""
+        """Dispatch ``batch`` at ``t``: its requests leave the queue; its instance is busy for the service."""
         ms = self.service(batch.size)
         batch_id = len(self.batch_rows)
         for _ in range(batch.size):
@@ -215,7 +216,7 @@ class _Batcher:
         self.free_at_ms[batch.instance] = t + ms
 
     def next_event_ms(self, t: float) -> float:
-        """The next instant the batcher may act: an arrival, the oldest's delay running out, or a free instance.
+        """The next instant the batcher may act: an arrival, the oldest's delay ending, or a free instance.
 
         ``t`` itself when nothing is left (``has_work`` is then false).
         """

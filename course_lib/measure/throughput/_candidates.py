@@ -1,10 +1,11 @@
 """The churn model's throughput candidates: one per runtime (ONNX Runtime, XGBoost) and device.
 
-:mod:`course_lib.measure.throughput._measure` measures any :class:`~course_lib.measure.throughput._measure.Candidate`; this module builds
-the ones for the course's model, which score synthetic customers with their features already prepared
-(only the model call is timed). The XGBoost candidate scores with the trees the model serves: after
-early stopping that is ``best_iteration + 1`` rounds, not every round trained (dmlc/xgboost#8034: an
-``inplace_predict`` without ``iteration_range`` times and scores a different model).
+:mod:`course_lib.measure.throughput._measure` measures any
+:class:`~course_lib.measure.throughput._measure.Candidate`; this module builds the ones for the course's
+model, which score synthetic customers with their features already prepared (only the model call is
+timed). The XGBoost candidate scores with the trees the model serves: after early stopping that is
+``best_iteration + 1`` rounds, not every round trained (dmlc/xgboost#8034: an ``inplace_predict`` without
+``iteration_range`` times and scores a different model).
 
 References
 ----------
