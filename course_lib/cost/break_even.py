@@ -81,6 +81,86 @@ def _continuous_threshold(
     return None
 
 
+@dataclass(frozen=True)
+class _Steps:
+    """One option's hourly cost as a step function of peak traffic, in exact fractions.
+
+    ``cover`` is the peak traffic one replica covers once headroom and utilization are applied, so the
+    cost at peak p is ``price x max(floor, ceil(p / cover))``.
+    """
+
+    price: Fraction
+    cover: Fraction
+    floor: int
+
+    @classmethod
+    def of(cls, option: ServingOption, grow: Fraction, util: Fraction) -> _Steps:
+        """``option``'s steps with headroom ``grow - 1`` and target utilization ``util``."""
+        return cls(
+            price=Fraction(str(float(option.hourly_price))),
+            cover=Fraction(str(float(option.rps_per_replica))) * util / grow,
+            floor=option.min_replicas,
+        )
+
+    @property
+    def slope(self) -> Fraction:
+        """Cost per req/s of peak traffic above the floor (price per unit of capacity)."""
+        return self.price / self.cover
+
+    def cost_after(self, k: int) -> Fraction:
+        """Cost on (k x cover, (k + 1) x cover], where ``ceil`` gives k + 1 replicas."""
+        return self.price * max(self.floor, k + 1)
+
+
+def _settled_rps(a: _Steps, b: _Steps) -> Fraction:
+    """Traffic beyond which the cheaper of the two options can no longer change.
+
+    B is cheaper forever once ``slope_a x p > max(price_b x min_b, slope_b x p + price_b)`` (and
+    symmetrically for A); with equal slopes the steps keep alternating, so a long stretch is checked.
+    """
+    floors = max(a.floor * a.cover, b.floor * b.cover)
+    if a.slope > b.slope:
+        return max(b.price * b.floor / a.slope, b.price / (a.slope - b.slope), floors)
+    if b.slope > a.slope:
+        return max(a.price * a.floor / b.slope, a.price / (b.slope - a.slope), floors)
+    return floors + 1000 * max(a.cover, b.cover)
+
+
+def _check_step_count(name_a: str, name_b: str, a: _Steps, b: _Steps, settled: Fraction) -> None:
+    """Refuse (ValueError) a walk to ``settled`` of more than ``_MAX_BREAK_EVEN_STEPS`` replica steps."""
+    steps = settled / a.cover + settled / b.cover
+    if steps > _MAX_BREAK_EVEN_STEPS:
+        raise ValueError(
+            f"{name_a!r} and {name_b!r} cost almost the same per unit of capacity "
+            f"(slopes {float(a.slope):.6g} and {float(b.slope):.6g} per req/s); finding the exact "
+            f"break-even would need about {float(steps):,.0f} replica steps. Use the continuous estimate "
+            "or round the inputs."
+        )
+
+
+def _cheaper_ranges(a: _Steps, b: _Steps, settled: Fraction) -> tuple[list[list[Fraction]], Fraction]:
+    """Every range [low, high] up to ``settled`` where B costs strictly less, and where the walk stopped.
+
+    Walks the intervals (low, high] on which both replica counts are constant, merging adjacent ones.
+    """
+    ranges: list[list[Fraction]] = []
+    k_a = k_b = 0  # replica steps passed
+    low = Fraction(0)
+    while low < settled:
+        high = min((k_a + 1) * a.cover, (k_b + 1) * b.cover)
+        if b.cost_after(k_b) < a.cost_after(k_a):
+            if ranges and ranges[-1][1] == low:
+                ranges[-1][1] = high
+            else:
+                ranges.append([low, high])
+        if (k_a + 1) * a.cover == high:
+            k_a += 1
+        if (k_b + 1) * b.cover == high:
+            k_b += 1
+        low = high
+    return ranges, low
+
+
 def break_even_rps(
     option_a: ServingOption,
     option_b: ServingOption,
@@ -94,9 +174,10 @@ def break_even_rps(
     of the peak that starts at the ``min_replicas`` floor. Hours and the mean traffic cancel out (both
     options serve the same predictions), so the break-even point is the same per month and per
     prediction. Every replica step is checked exactly up to the traffic beyond which the cheaper option
-    can no longer change (B cheaper forever once ``slope_a x p > max(price_b x min_b, slope_b x p + price_b)``,
-    with ``slope = price x (1 + headroom) / (rps_per_replica x utilization)``), so
-    near-ties caused by the steps are reported, not smoothed away.
+    can no longer change (B cheaper forever once
+    ``slope_a x p > max(price_b x min_b, slope_b x p + price_b)``, with
+    ``slope = price x (1 + headroom) / (rps_per_replica x utilization)``), so near-ties caused by the
+    steps are reported, not smoothed away.
 
     Parameters
     ----------
@@ -121,59 +202,21 @@ def break_even_rps(
     check_same_currency([option_a, option_b])
     grow = 1 + check_headroom(headroom)
     util = check_utilization(target_utilization)
-    price_a = Fraction(str(float(option_a.hourly_price)))
-    price_b = Fraction(str(float(option_b.hourly_price)))
-    # Peak traffic one replica covers once headroom and utilization are applied.
-    cover_a = Fraction(str(float(option_a.rps_per_replica))) * util / grow
-    cover_b = Fraction(str(float(option_b.rps_per_replica))) * util / grow
-    min_a, min_b = option_a.min_replicas, option_b.min_replicas
-    slope_a, slope_b = price_a / cover_a, price_b / cover_b
-
-    floors = max(min_a * cover_a, min_b * cover_b)
-    if slope_a > slope_b:
-        settled = max(price_b * min_b / slope_a, price_b / (slope_a - slope_b), floors)
-    elif slope_b > slope_a:
-        settled = max(price_a * min_a / slope_b, price_a / (slope_b - slope_a), floors)
-    else:  # equal cost per unit of capacity: the steps keep alternating; check a long stretch
-        settled = floors + 1000 * max(cover_a, cover_b)
-    steps = settled / cover_a + settled / cover_b
-    if steps > _MAX_BREAK_EVEN_STEPS:
-        raise ValueError(
-            f"{option_a.name!r} and {option_b.name!r} cost almost the same per unit of capacity "
-            f"(slopes {float(slope_a):.6g} and {float(slope_b):.6g} per req/s); finding the exact "
-            f"break-even would need about {float(steps):,.0f} replica steps. Use the continuous estimate "
-            "or round the inputs."
-        )
-
-    # Walk the intervals (low, high] on which both replica counts are constant.
-    ranges: list[list[Fraction]] = []
-    k_a = k_b = 0  # replica steps passed: on (k x cover, (k + 1) x cover] ceil() gives k + 1
-    low = Fraction(0)
-    while low < settled:
-        high = min((k_a + 1) * cover_a, (k_b + 1) * cover_b)
-        cost_a = price_a * max(min_a, k_a + 1)
-        cost_b = price_b * max(min_b, k_b + 1)
-        if cost_b < cost_a:
-            if ranges and ranges[-1][1] == low:
-                ranges[-1][1] = high
-            else:
-                ranges.append([low, high])
-        if (k_a + 1) * cover_a == high:
-            k_a += 1
-        if (k_b + 1) * cover_b == high:
-            k_b += 1
-        low = high
+    a, b = _Steps.of(option_a, grow, util), _Steps.of(option_b, grow, util)
+    settled = _settled_rps(a, b)
+    _check_step_count(option_a.name, option_b.name, a, b, settled)
+    ranges, scanned = _cheaper_ranges(a, b, settled)
     stays: Fraction | None = None
-    if slope_a > slope_b:  # beyond `low` B is cheaper at every traffic
-        if ranges and ranges[-1][1] == low:
+    if a.slope > b.slope:  # beyond `scanned` B is cheaper at every traffic
+        if ranges and ranges[-1][1] == scanned:
             stays = ranges[-1][0]
         else:
-            ranges.append([low, low])
-            stays = low
+            ranges.append([scanned, scanned])
+            stays = scanned
     out_ranges = tuple(
-        (float(a), math.inf if stays is not None and a == stays else float(b)) for a, b in ranges
+        (float(lo), math.inf if stays is not None and lo == stays else float(hi)) for lo, hi in ranges
     )
-    continuous = _continuous_threshold(price_a, cover_a, min_a, price_b, cover_b, min_b)
+    continuous = _continuous_threshold(a.price, a.cover, a.floor, b.price, b.cover, b.floor)
     return BreakEven(
         option_a=option_a.name,
         option_b=option_b.name,
@@ -181,5 +224,5 @@ def break_even_rps(
         continuous_rps=float(continuous) if continuous is not None else None,
         stays_cheaper_above_rps=float(stays) if stays is not None else None,
         cheaper_ranges_rps=out_ranges,
-        scanned_to_rps=float(low),
+        scanned_to_rps=float(scanned),
     )

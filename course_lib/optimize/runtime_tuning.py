@@ -37,7 +37,6 @@ import onnxruntime as ort
 import pandas as pd
 
 from course_lib.churn.export import make_session
-from course_lib.core import checks
 from course_lib.core.bench import compare_latency, round_order, time_calls_ns, usable_cores
 from course_lib.core.checks import InvalidArgumentError, integer, non_empty, one_of
 from course_lib.core.intervals import RatioInterval, ratio_interval, ratio_interval_from_values
@@ -269,12 +268,12 @@ def oversubscription_table(
 
     Returns
     -------
-    DataFrame indexed by (``n_processes``, ``intra_op_num_threads``) with ``threads_total`` (a
-    thread count of 0 is counted as ``usable_cores()``, which is what ONNX Runtime starts on a machine
-    whose logical cores are physical), ``threads_per_core`` (threads_total / usable cores), ``p50_us``, ``p99_us`` (nearest rank) and
-    ``achieved_rps`` (all workers' calls divided by the slowest worker's wall time); with ``repeats``
-    > 1 the percentiles are over all repeats' samples merged and ``achieved_rps`` is the median over
-    repeats. ``.attrs["repeats"]`` maps each configuration to its per-repeat ``p50_us``, ``p99_us`` and
+    DataFrame indexed by (``n_processes``, ``intra_op_num_threads``) with ``threads_total`` (a thread count of
+    0 is counted as ``usable_cores()``, which is what ONNX Runtime starts on a machine whose logical cores are
+    physical), ``threads_per_core`` (threads_total / usable cores), ``p50_us``, ``p99_us`` (nearest rank) and
+    ``achieved_rps`` (all workers' calls divided by the slowest worker's wall time); with ``repeats`` > 1 the
+    percentiles are over all repeats' samples merged and ``achieved_rps`` is the median over repeats.
+    ``.attrs["repeats"]`` maps each configuration to its per-repeat ``p50_us``, ``p99_us`` and
     ``achieved_rps`` (lists in round order), for :func:`oversubscription_ratio`.
 
     Raises
@@ -284,15 +283,11 @@ def oversubscription_table(
     TimeoutError
         If a configuration's workers do not finish within ``timeout_s``; they are terminated.
     """
-    for i, (n_proc, threads) in enumerate(non_empty("configs", configs)):
-        integer(f"configs[{i}] n_processes", n_proc, min=1)
-        integer(f"configs[{i}] intra_op_num_threads", threads, min=0)
+    keys = _check_configs(configs)
     n_calls = integer("n_calls", n_calls, min=1)
-    repeats = checks.integer("repeats", repeats, min=1)
+    repeats = integer("repeats", repeats, min=1)
     source = str(model) if isinstance(model, Path) else model
     ctx = _worker_context()
-    cores = usable_cores()
-    keys = [(n_proc, threads) for n_proc, threads in configs]
     per_repeat: dict[tuple[int, int], list[dict[str, float]]] = {k: [] for k in keys}
     merged: dict[tuple[int, int], list[np.ndarray]] = {k: [] for k in keys}
     for r in range(repeats):
@@ -302,6 +297,24 @@ def oversubscription_table(
             per_repeat[(n_proc, threads)].append(
                 {"p50_us": percentile(us, 50), "p99_us": percentile(us, 99), "achieved_rps": rps}
             )
+    return _oversubscription_rows(keys, merged, per_repeat)
+
+
+def _check_configs(configs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (n_processes, intra_op_num_threads) pairs, each checked: at least 1 process, threads >= 0."""
+    for i, (n_proc, threads) in enumerate(non_empty("configs", configs)):
+        integer(f"configs[{i}] n_processes", n_proc, min=1)
+        integer(f"configs[{i}] intra_op_num_threads", threads, min=0)
+    return [(n_proc, threads) for n_proc, threads in configs]
+
+
+def _oversubscription_rows(
+    keys: Sequence[tuple[int, int]],
+    merged: Mapping[tuple[int, int], list[np.ndarray]],
+    per_repeat: Mapping[tuple[int, int], list[dict[str, float]]],
+) -> pd.DataFrame:
+    """The table of :func:`oversubscription_table`: percentiles over the merged samples, median rate."""
+    cores = usable_cores()
     rows = {}
     for n_proc, threads in keys:
         us = np.concatenate(merged[(n_proc, threads)])
@@ -329,7 +342,7 @@ def oversubscription_ratio(
     metric: str = "achieved_rps",
     confidence: float = 0.95,
 ) -> RatioInterval:
-    """``metric`` of ``candidate`` over ``baseline`` (two configurations), repeat by repeat, with its interval.
+    """``metric`` of ``candidate`` over ``baseline`` (two configurations), per repeat, with its interval.
 
     Parameters
     ----------

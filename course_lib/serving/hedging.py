@@ -15,6 +15,10 @@ churn service's ``POST /score`` over HTTP with ``aiohttp``. Rules, after Dean an
   counted as shed by the load generator (:func:`course_lib.measure.loadgen.outcome_of`), not as an error;
 * every copy sent is counted, so the extra load is a measured number, not a guess.
 
+One concept, one module: hedged requests. The mechanism, the HTTP client that applies it, the fan-out
+pages (``fanout_pages``, whose slowest call hedging shortens; they take a ``HedgingClient``) and the summary
+of a hedged run exist only for hedging and are read together by the tail-latency lesson.
+
 References
 ----------
 Dean, J. and Barroso, L. A. (2013), "The Tail at Scale", Communications of the ACM 56(2): 74-80,
@@ -112,6 +116,63 @@ async def _cancel_and_wait(tasks: set[asyncio.Task[Any]], stats: HedgeStats) -> 
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class _HedgedRequest(Generic[R, T]):
+    """One logical request of :func:`hedged`: the copies in flight, their replicas and their failures."""
+
+    def __init__(
+        self, call: Callable[[R], Awaitable[T]], replicas: Sequence[R], primary: int, stats: HedgeStats
+    ) -> None:
+        self.call = call
+        self.replicas = replicas
+        self.primary = primary
+        self.stats = stats
+        self.start = time.perf_counter()
+        self.owner: dict[asyncio.Task[Any], int] = {}  # each copy's replica index
+        self.pending: set[asyncio.Task[Any]] = set()
+        self.errors: list[BaseException] = []
+        self.hedge_sent = False
+        stats.requests += 1
+
+    def send(self, index: int, *, hedge: bool = False) -> None:
+        """Send a copy to ``replicas[index]``, counted in ``stats.sent`` (and ``stats.hedges`` if a hedge)."""
+        self.stats.sent += 1
+        if hedge:
+            self.hedge_sent = True
+            self.stats.hedges += 1
+        task = asyncio.ensure_future(self.call(self.replicas[index]))
+        self.owner[task] = index
+        self.pending.add(task)
+
+    async def first_answer(self, *, timeout_s: float | None = None) -> HedgedResult[T] | None:
+        """Wait until a copy finishes (or ``timeout_s`` passes): its answer if it succeeded, else None.
+
+        A copy that failed is counted and its error kept; if the primary and the hedge finish together,
+        the primary's answer is taken.
+        """
+        done, self.pending = await asyncio.wait(
+            self.pending, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in sorted(done, key=lambda t: self.owner[t] != self.primary):  # a tie goes to the primary
+            if task.exception() is None:
+                return self._result(task)
+            self.errors.append(
+                self.stats.failed(cast(BaseException, task.exception()))
+            )  # done, not a success
+        return None
+
+    def _result(self, task: asyncio.Task[Any]) -> HedgedResult[T]:
+        """The successful ``task``'s answer, timed from the start of the request."""
+        if self.owner[task] != self.primary:
+            self.stats.hedge_wins += 1
+        return HedgedResult(
+            value=task.result(),
+            replica=self.owner[task],
+            hedged=self.hedge_sent,
+            latency_ms=1000 * (time.perf_counter() - self.start),
+            primary=self.primary,
+        )
+
+
 async def hedged(
     call: Callable[[R], Awaitable[T]],
     replicas: Sequence[R],
@@ -151,52 +212,19 @@ async def hedged(
     if hedge_after_s is not None:
         hedge_after_s = positive_number("hedge_after_s", hedge_after_s, allow_zero=True)
     primary = integer("primary", primary, min=0, max=len(replicas) - 1)
-    stats = stats if stats is not None else HedgeStats()
-    start = time.perf_counter()
-    stats.requests += 1
-    stats.sent += 1
-    first = asyncio.ensure_future(call(replicas[primary]))
-    owner = {first: primary}
-    pending: set[asyncio.Task[Any]] = {first}
-    errors: list[BaseException] = []
-    hedge_sent = False
+    request = _HedgedRequest(call, replicas, primary, stats if stats is not None else HedgeStats())
     try:
+        request.send(primary)
         if hedge_after_s is not None:
-            done, pending = await asyncio.wait(pending, timeout=hedge_after_s)
-            if first in done and first.exception() is None:
-                return HedgedResult(
-                    value=first.result(),
-                    replica=primary,
-                    hedged=False,
-                    latency_ms=1000 * (time.perf_counter() - start),
-                    primary=primary,
-                )
-            if first in done:  # failed before the hedge delay: the hedge is the only hope left
-                errors.append(stats.failed(cast(BaseException, first.exception())))  # done, not a success
-            second_index = (primary + 1) % len(replicas)
-            second = asyncio.ensure_future(call(replicas[second_index]))
-            owner[second] = second_index
-            pending.add(second)
-            hedge_sent = True
-            stats.hedges += 1
-            stats.sent += 1
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: owner[t] != primary):  # a tie goes to the primary
-                if task.exception() is None:
-                    if owner[task] != primary:
-                        stats.hedge_wins += 1
-                    return HedgedResult(
-                        value=task.result(),
-                        replica=owner[task],
-                        hedged=hedge_sent,
-                        latency_ms=1000 * (time.perf_counter() - start),
-                        primary=primary,
-                    )
-                errors.append(stats.failed(cast(BaseException, task.exception())))  # done, not a success
-        raise errors[0]
+            if (answer := await request.first_answer(timeout_s=hedge_after_s)) is not None:
+                return answer  # the primary answered in time: no hedge
+            request.send((primary + 1) % len(replicas), hedge=True)  # late (or failed): one hedge
+        while request.pending:
+            if (answer := await request.first_answer()) is not None:
+                return answer  # the first success wins
+        raise request.errors[0]  # every copy failed: the primary's error
     finally:
-        await _cancel_and_wait(pending, stats)
+        await _cancel_and_wait(request.pending, request.stats)  # the loser is cancelled and awaited
 
 
 class HedgingClient:

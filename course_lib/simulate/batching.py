@@ -12,7 +12,8 @@ batcher applies Triton's rule (``next_batch_size``) to the queue:
 Requests that arrive while every instance is busy queue up and leave together, as one batch, when
 an instance frees. The same inputs always give the same output: there is no randomness and no clock.
 The rule itself, its knobs' checks and Poisson arrivals live in :mod:`course_lib.serving.batching.rule`
-(re-exported here), which ``course_lib.serving.batching.batcher`` imports to apply the very same rule to real requests.
+(re-exported here), which ``course_lib.serving.batching.batcher`` imports to apply the very same rule
+to real requests.
 
 References
 ----------
@@ -140,6 +141,130 @@ class BatchingResult:
         return row
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """One model call: which instance runs how many of the oldest queued requests, and why now."""
+
+    size: int
+    instance: int
+    trigger: str
+
+
+class _Batcher:
+    """The state of one replay: the FIFO queue, each instance's free time and the batches sent so far."""
+
+    def __init__(
+        self,
+        arrivals_ms: list[float],
+        service: Callable[[int], float],
+        *,
+        max_batch_size: int,
+        max_queue_delay_ms: float,
+        preferred_batch_sizes: tuple[int, ...],
+        instances: int,
+    ) -> None:
+        self.arrivals_ms = arrivals_ms
+        self.service = service
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_ms = max_queue_delay_ms
+        self.preferred_batch_sizes = preferred_batch_sizes
+        self.instances = instances
+        self.free_at_ms = [-math.inf] * instances
+        self.queue: deque[int] = deque()
+        self.next_arrival = 0
+        self.request_batch = np.empty(len(arrivals_ms), dtype=np.int64)
+        self.batch_rows: list[tuple[int, int, float, float, int, str]] = []
+
+    def has_work(self) -> bool:
+        """Whether a request has still to arrive or still waits in the queue."""
+        return self.next_arrival < len(self.arrivals_ms) or bool(self.queue)
+
+    def queue_arrivals_until(self, t: float) -> None:
+        """Append every request arriving at or before ``t`` to the queue, in arrival order."""
+        while self.next_arrival < len(self.arrivals_ms) and self.arrivals_ms[self.next_arrival] <= t:
+            self.queue.append(self.next_arrival)
+            self.next_arrival += 1
+
+    def form_batch(self, t: float) -> _Batch | None:
+        """The batch Triton's rule sends at ``t``, or None (no free instance, empty queue, or it waits)."""
+        free = [k for k in range(self.instances) if self.free_at_ms[k] <= t]
+        if not self.queue or not free:
+            return None
+        oldest = self.arrivals_ms[self.queue[0]]
+        size, trigger = next_batch_size(
+            len(self.queue),
+            t,
+            oldest,
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_ms=self.max_queue_delay_ms,
+            preferred_batch_sizes=self.preferred_batch_sizes,
+        )
+        if size == 0:
+            return None
+        if trigger == "max_queue_delay" and t > oldest + self.max_queue_delay_ms:
+            trigger = "instance_free"  # the delay ran out while every instance was busy
+        instance = min(free, key=lambda j: (self.free_at_ms[j], j))  # free longest, then lowest index
+        return _Batch(size=size, instance=instance, trigger=str(trigger))
+
+    def serve(self, batch: _Batch, t: float) -> None:
+        """Dispatch ``batch`` at ``t``: its requests leave the queue; its instance is busy for the service."""
+        ms = self.service(batch.size)
+        batch_id = len(self.batch_rows)
+        for _ in range(batch.size):
+            self.request_batch[self.queue.popleft()] = batch_id
+        self.batch_rows.append((batch_id, batch.size, t, ms, batch.instance, batch.trigger))
+        self.free_at_ms[batch.instance] = t + ms
+
+    def next_event_ms(self, t: float) -> float:
+        """The next instant the batcher may act: an arrival, the oldest's delay ending, or a free instance.
+
+        ``t`` itself when nothing is left (``has_work`` is then false).
+        """
+        candidates = []
+        if self.next_arrival < len(self.arrivals_ms):
+            candidates.append(self.arrivals_ms[self.next_arrival])
+        if self.queue:
+            if any(f <= t for f in self.free_at_ms):
+                # an instance is free yet the rule waits: for the timer (delay > 0 here)
+                candidates.append(self.arrivals_ms[self.queue[0]] + self.max_queue_delay_ms)
+            else:
+                candidates.append(min(self.free_at_ms))
+        return min(candidates, default=t)
+
+
+def _result(arrivals: np.ndarray, batcher: _Batcher) -> BatchingResult:
+    """The per-request and per-batch tables of a finished replay, with the knobs it used."""
+    batches = pd.DataFrame(
+        batcher.batch_rows, columns=["batch_id", "size", "dispatch_ms", "service_ms", "instance", "trigger"]
+    )
+    batches["completion_ms"] = batches["dispatch_ms"] + batches["service_ms"]
+    batches = batches[
+        ["batch_id", "size", "dispatch_ms", "service_ms", "completion_ms", "instance", "trigger"]
+    ]
+    request_batch = batcher.request_batch
+    dispatch = batches["dispatch_ms"].to_numpy()[request_batch]
+    service_ms = batches["service_ms"].to_numpy()[request_batch]
+    requests = pd.DataFrame(
+        {
+            "request_id": np.arange(arrivals.size),
+            "arrival_ms": arrivals,
+            "dispatch_ms": dispatch,
+            "queue_wait_ms": dispatch - arrivals,
+            "service_ms": service_ms,
+            "completion_ms": dispatch + service_ms,
+            "latency_ms": dispatch + service_ms - arrivals,
+            "batch_id": request_batch,
+        }
+    )
+    params = {
+        "max_batch_size": batcher.max_batch_size,
+        "max_queue_delay_ms": batcher.max_queue_delay_ms,
+        "preferred_batch_sizes": batcher.preferred_batch_sizes,
+        "instances": batcher.instances,
+    }
+    return BatchingResult(requests=requests, batches=batches, params=params)
+
+
 def simulate_dynamic_batching(
     arrival_times_ms: Sequence[float] | np.ndarray,
     *,
@@ -196,84 +321,21 @@ def simulate_dynamic_batching(
     )
     instances = integer("instances", instances, min=1)
     arrivals = _check_arrivals(arrival_times_ms)
-    service = _service_fn(service_time_ms)
-
-    n = arrivals.size
-    arr = arrivals.tolist()
-    free_at = [-math.inf] * int(instances)
-    queue: deque[int] = deque()
-    request_batch = np.empty(n, dtype=np.int64)
-    batch_rows: list[tuple[int, int, float, float, int, str]] = []
-    next_arrival = 0
-    t = arr[0]
-    while next_arrival < n or queue:
-        while next_arrival < n and arr[next_arrival] <= t:
-            queue.append(next_arrival)
-            next_arrival += 1
-        while queue:
-            free = [k for k in range(instances) if free_at[k] <= t]
-            if not free:
-                break
-            oldest = arr[queue[0]]
-            size, trigger = next_batch_size(
-                len(queue),
-                t,
-                oldest,
-                max_batch_size=max_batch_size,
-                max_queue_delay_ms=delay,
-                preferred_batch_sizes=preferred,
-            )
-            if size == 0:
-                break
-            if trigger == "max_queue_delay" and t > oldest + delay:
-                trigger = "instance_free"
-            k = min(free, key=lambda j: (free_at[j], j))
-            ms = service(size)
-            batch_id = len(batch_rows)
-            for _ in range(size):
-                request_batch[queue.popleft()] = batch_id
-            batch_rows.append((batch_id, size, t, ms, k, str(trigger)))
-            free_at[k] = t + ms
-        candidates = []
-        if next_arrival < n:
-            candidates.append(arr[next_arrival])
-        if queue:
-            if any(f <= t for f in free_at):
-                candidates.append(arr[queue[0]] + delay)  # waiting for the timer (delay > 0 here)
-            else:
-                candidates.append(min(free_at))
-        if not candidates:
-            break
-        t = min(candidates)
-
-    batches = pd.DataFrame(
-        batch_rows, columns=["batch_id", "size", "dispatch_ms", "service_ms", "instance", "trigger"]
+    batcher = _Batcher(
+        arrivals.tolist(),
+        _service_fn(service_time_ms),
+        max_batch_size=max_batch_size,
+        max_queue_delay_ms=delay,
+        preferred_batch_sizes=preferred,
+        instances=int(instances),
     )
-    batches["completion_ms"] = batches["dispatch_ms"] + batches["service_ms"]
-    batches = batches[
-        ["batch_id", "size", "dispatch_ms", "service_ms", "completion_ms", "instance", "trigger"]
-    ]
-    dispatch = batches["dispatch_ms"].to_numpy()[request_batch]
-    service_ms = batches["service_ms"].to_numpy()[request_batch]
-    requests = pd.DataFrame(
-        {
-            "request_id": np.arange(n),
-            "arrival_ms": arrivals,
-            "dispatch_ms": dispatch,
-            "queue_wait_ms": dispatch - arrivals,
-            "service_ms": service_ms,
-            "completion_ms": dispatch + service_ms,
-            "latency_ms": dispatch + service_ms - arrivals,
-            "batch_id": request_batch,
-        }
-    )
-    params = {
-        "max_batch_size": max_batch_size,
-        "max_queue_delay_ms": delay,
-        "preferred_batch_sizes": preferred,
-        "instances": int(instances),
-    }
-    return BatchingResult(requests=requests, batches=batches, params=params)
+    t = float(arrivals[0])
+    while batcher.has_work():
+        batcher.queue_arrivals_until(t)  # every request that has arrived by t joins the queue
+        while (batch := batcher.form_batch(t)) is not None:  # Triton's rule, on a free instance
+            batcher.serve(batch, t)
+        t = batcher.next_event_ms(t)  # wait: next arrival, the oldest's delay running out, or a free instance
+    return _result(arrivals, batcher)
 
 
 def sweep_offered_load(

@@ -119,6 +119,26 @@ def cold_start_table(
             f"need at least 2 * n_first = {2 * n_first} customer ids, got {len(customer_ids)}"
         )
 
+    replicas = _start_replicas(files, variants, max_lifetime_s)
+    try:
+        ready_s = _seconds_to_ready(replicas)
+        rows = {
+            name: _cold_start_row(first_requests_ms(replica, customer_ids), n_first, ready_s[name])
+            for name, replica in replicas.items()
+        }
+    finally:
+        for replica in replicas.values():
+            replica.stop()
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "variant"
+    return table
+
+
+def _start_replicas(
+    files: ReplicaFiles, variants: Mapping[str, ColdStartVariant], max_lifetime_s: float
+) -> dict[str, ReplicaProcess]:
+    """Start one fresh replica per variant, all at once (RuntimeError, the others stopped, if one fails)."""
+
     def launch(variant: ColdStartVariant) -> ReplicaProcess:
         config = ReplicaConfig(warmup_requests=variant.warmup_requests, gc_freeze=variant.gc_freeze)
         return start_replica(
@@ -133,35 +153,37 @@ def cold_start_table(
     with ThreadPoolExecutor(len(variants)) as pool:
         futures = {name: pool.submit(launch, v) for name, v in variants.items()}
     replicas = {name: f.result() for name, f in futures.items() if f.exception() is None}
-    try:
-        for name, f in futures.items():
-            if f.exception() is not None:
-                raise RuntimeError(f"replica for variant {name!r} did not start") from f.exception()
-        ready_s: dict[str, float] = {}
+    for name, f in futures.items():
+        if f.exception() is not None:
+            for replica in replicas.values():
+                replica.stop()
+            raise RuntimeError(f"replica for variant {name!r} did not start") from f.exception()
+    return replicas
 
-        def all_ready() -> bool:
-            for name, replica in replicas.items():
-                if name not in ready_s and replica.is_ready():
-                    ready_s[name] = time.perf_counter() - replica.started_at
-            return len(ready_s) == len(replicas)
 
-        wait_until(all_ready, timeout_s=120.0, interval_s=0.01, what="every replica to be ready")
-        rows = {}
+def _seconds_to_ready(replicas: Mapping[str, ReplicaProcess]) -> dict[str, float]:
+    """Poll every replica until all are ready; seconds from each one's process start to its first "ready"."""
+    ready_s: dict[str, float] = {}
+
+    def all_ready() -> bool:
         for name, replica in replicas.items():
-            lat = first_requests_ms(replica, customer_ids)
-            first, steady = lat[:n_first], lat[n_first:]
-            rows[name] = {
-                "ready_s": ready_s[name],
-                "first_ms": float(first[0]),
-                f"first{n_first}_p99_ms": percentile(first, 99),
-                f"first{n_first}_max_ms": float(first.max()),
-                "steady_p50_ms": percentile(steady, 50),
-                "steady_p99_ms": percentile(steady, 99),
-                "first_vs_steady_p50": float(first[0] / percentile(steady, 50)),
-            }
-    finally:
-        for replica in replicas.values():
-            replica.stop()
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "variant"
-    return table
+            if name not in ready_s and replica.is_ready():
+                ready_s[name] = time.perf_counter() - replica.started_at
+        return len(ready_s) == len(replicas)
+
+    wait_until(all_ready, timeout_s=120.0, interval_s=0.01, what="every replica to be ready")
+    return ready_s
+
+
+def _cold_start_row(latencies_ms: np.ndarray, n_first: int, ready_s: float) -> dict[str, float]:
+    """One variant's row: its first ``n_first`` requests (the cold phase) against the rest (steady)."""
+    first, steady = latencies_ms[:n_first], latencies_ms[n_first:]
+    return {
+        "ready_s": ready_s,
+        "first_ms": float(first[0]),
+        f"first{n_first}_p99_ms": percentile(first, 99),
+        f"first{n_first}_max_ms": float(first.max()),
+        "steady_p50_ms": percentile(steady, 50),
+        "steady_p99_ms": percentile(steady, 99),
+        "first_vs_steady_p50": float(first[0] / percentile(steady, 50)),
+    }

@@ -55,13 +55,11 @@ def convert_to_fp16(
        ``ai.onnx.ml`` tree ensembles, scalers and encoders, stay FP32 behind inserted casts);
     3. retargets every remaining ``Cast(to=FLOAT)`` whose output the converter marked FLOAT16 to
        ``to=FLOAT16`` (the fix proposed upstream);
-    4. stores FP16 initializers as raw bytes: the converter writes each FP16 value into the
-       ``int32_data`` field as a protobuf varint (up to 3 bytes for a 2-byte number), which would
-       leave an "FP16" file well above half the FP32 size;
-    5. casts a weight shared between a blocked (FP32) op and a converted (FP16) op: the converter keeps
-       such an initializer in FP32 for the blocked op and wires the same FP32 tensor into the FP16 op,
-       which ONNX Runtime refuses ("Type parameter (T) of Optype (Mul) bound to different types"); a
-       ``Cast(to=FLOAT16)`` is inserted in front of each FP16 consumer (onnxconverter-common PR #329);
+    4. stores FP16 initializers as raw bytes (the converter writes each as a protobuf varint, up to
+       3 bytes for a 2-byte number);
+    5. casts a weight shared between a blocked (FP32) op and a converted (FP16) op, which ONNX Runtime
+       refuses ("Type parameter (T) of Optype (Mul) bound to different types"): a ``Cast(to=FLOAT16)``
+       in front of each FP16 consumer (onnxconverter-common PR #329);
     6. checks the result with ``onnx.checker`` and by loading it in ONNX Runtime, and records what it
        repaired in the model's metadata (``fp16_identity_casts``, ``fp16_retargeted_casts``,
        ``fp16_reencoded_initializers`` and, when step 5 inserted any, ``fp16_shared_initializer_casts``).
@@ -99,19 +97,50 @@ def convert_to_fp16(
     types = _elem_types(work)
     if any(t == TensorProto.FLOAT16 for t in types.values()):
         raise ValueError("model already holds FLOAT16 tensors; convert_to_fp16 expects an FP32 model")
+    n_identity = _fp32_casts_to_identity(work, types)
+    blocked = list(float16.DEFAULT_OP_BLOCK_LIST if op_block_list is None else op_block_list)
+    out = float16.convert_float_to_float16(work, keep_io_types=keep_io_types, op_block_list=blocked)
+    repairs = {
+        "fp16_identity_casts": n_identity,
+        "fp16_retargeted_casts": _retarget_fp16_casts(out),
+        "fp16_reencoded_initializers": _reencode_fp16_initializers(out),
+    }
+    n_shared = _cast_shared_fp32_initializers(out)
+    if n_shared:
+        repairs["fp16_shared_initializer_casts"] = n_shared
+    onnx.checker.check_model(out)
+    _check_loads(out)
+    _record_repairs(out, repairs)
+    return out
+
+
+def _fp32_casts_to_identity(model: onnx.ModelProto, types: dict[str, int]) -> int:
+    """Replace, in place, each ``Cast(to=FLOAT)`` of a FLOAT input by ``Identity``; returns how many.
+
+    The same computation in FP32, and no longer a Cast the converter's clean-up pass can mistake for
+    one of its own and delete (onnxconverter-common issue #320).
+    """
     n_identity = 0
-    for node in work.graph.node:
+    for node in model.graph.node:
         if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
             to = next(a.i for a in node.attribute if a.name == "to")
             if to == TensorProto.FLOAT and types.get(node.input[0]) == TensorProto.FLOAT:
                 del node.attribute[:]
                 node.op_type = "Identity"
                 n_identity += 1
-    blocked = list(float16.DEFAULT_OP_BLOCK_LIST if op_block_list is None else op_block_list)
-    out = float16.convert_float_to_float16(work, keep_io_types=keep_io_types, op_block_list=blocked)
-    declared = {vi.name: vi.type.tensor_type.elem_type for vi in (*out.graph.value_info, *out.graph.output)}
+    return n_identity
+
+
+def _retarget_fp16_casts(model: onnx.ModelProto) -> int:
+    """Set ``to=FLOAT16`` on each ``Cast(to=FLOAT)`` whose output the converter declared FLOAT16.
+
+    The converter marks the output FLOAT16 but leaves ``to`` at FLOAT, which ONNX Runtime refuses to
+    load (onnxconverter-common PR #328). Edits in place; returns the number of casts retargeted.
+    """
+    graph = model.graph
+    declared = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.value_info, *graph.output)}
     n_retarget = 0
-    for node in out.graph.node:
+    for node in graph.node:
         if node.op_type != "Cast":
             continue
         for attr in node.attribute:
@@ -122,33 +151,38 @@ def convert_to_fp16(
             ):
                 attr.i = TensorProto.FLOAT16
                 n_retarget += 1
+    return n_retarget
+
+
+def _reencode_fp16_initializers(model: onnx.ModelProto) -> int:
+    """Store each FP16 initializer as raw bytes; returns how many were rewritten.
+
+    The converter writes each FP16 value into ``int32_data`` as a protobuf varint (up to 3 bytes for a
+    2-byte number), which would leave an "FP16" file well above half the FP32 size.
+    """
     n_reencoded = 0
-    for i, tensor in enumerate(out.graph.initializer):
+    for i, tensor in enumerate(model.graph.initializer):
         if tensor.data_type == TensorProto.FLOAT16 and not tensor.raw_data:
-            out.graph.initializer[i].CopyFrom(
+            model.graph.initializer[i].CopyFrom(
                 numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name)
             )
             n_reencoded += 1
-    n_shared = _cast_shared_fp32_initializers(out)
-    onnx.checker.check_model(out)
-    _check_loads(out)
-    meta = {p.key: p.value for p in out.metadata_props}
-    meta.update(
-        fp16_identity_casts=str(n_identity),
-        fp16_retargeted_casts=str(n_retarget),
-        fp16_reencoded_initializers=str(n_reencoded),
-    )
-    if n_shared:
-        meta["fp16_shared_initializer_casts"] = str(n_shared)
-    onnx.helper.set_model_props(out, meta)
-    return out
+    return n_reencoded
+
+
+def _record_repairs(model: onnx.ModelProto, repairs: dict[str, int]) -> None:
+    """Add the repair counts to the model's metadata, keeping the properties it already has."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    meta.update({key: str(count) for key, count in repairs.items()})
+    onnx.helper.set_model_props(model, meta)
 
 
 def _cast_shared_fp32_initializers(model: onnx.ModelProto) -> int:
     """Insert ``Cast(to=FLOAT16)`` where an FP32 initializer feeds a node whose other inputs are FP16.
 
     After conversion an initializer is still FP32 only because a blocked node reads it; any FP16 node
-    reading it too needs its own FP16 copy of the value. Returns the number of node inputs rewired.
+    reading it too needs its own FP16 copy of the value, else ONNX Runtime refuses to load the model
+    (onnxconverter-common PR #329). Returns the number of node inputs rewired.
     """
     graph = model.graph
     fp32_inits = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}

@@ -101,10 +101,7 @@ def make_variant(
     """
     one_of("mode", mode, VARIANT_MODES)
     one_of("calibration_method", calibration_method, CALIBRATION_METHODS)
-    if mode == "int8-static" and calibration_feeds is None:
-        raise InvalidArgumentError("mode 'int8-static' needs calibration_feeds (a held-out calibration set)")
-    if mode != "int8-static" and calibration_feeds is not None:
-        raise InvalidArgumentError(f"calibration_feeds are only used by mode 'int8-static', not {mode!r}")
+    _check_calibration_feeds(mode, calibration_feeds)
     src_p, dst_p = _check_paths(src, dst)
     fp32 = onnx.load(str(src_p))
     if mode == "fp16":
@@ -113,35 +110,66 @@ def make_variant(
     report = quantizability_report(fp32)
     if not report.quantizable:
         raise NotQuantizableError(report)
+    ops = None if op_types_to_quantize is None else list(op_types_to_quantize)
+    if mode == "int8-dynamic":
+        _quantize_dynamic(src_p, dst_p, ops=ops, per_channel=per_channel)
+        return dst_p
+    assert calibration_feeds is not None  # int8-static: checked on entry
+    reader = FeedsCalibrationReader(calibration_feeds, batch_size=calibration_batch_size)
+    _quantize_static(src_p, dst_p, reader, calibration_method, ops=ops, per_channel=per_channel)
+    return dst_p
+
+
+def _check_calibration_feeds(mode: str, calibration_feeds: Mapping[str, np.ndarray] | None) -> None:
+    """Calibration feeds are required by ``int8-static`` and refused by every other mode."""
+    if mode == "int8-static" and calibration_feeds is None:
+        raise InvalidArgumentError("mode 'int8-static' needs calibration_feeds (a held-out calibration set)")
+    if mode != "int8-static" and calibration_feeds is not None:
+        raise InvalidArgumentError(f"calibration_feeds are only used by mode 'int8-static', not {mode!r}")
+
+
+def _quantize_dynamic(src: Path, dst: Path, *, ops: list[str] | None, per_channel: bool) -> None:
+    """INT8 weights, activation ranges computed on every call (ONNX Runtime's ``quantize_dynamic``)."""
     # ONNX Runtime's quantization tools load only for the INT8 modes
+    from onnxruntime.quantization import (  # noqa: PLC0415 (heavy optional dependency)
+        QuantType,
+        quantize_dynamic,
+    )
+
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        op_types_to_quantize=ops,
+        per_channel=per_channel,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def _quantize_static(
+    src: Path,
+    dst: Path,
+    reader: FeedsCalibrationReader,
+    calibration_method: str,
+    *,
+    ops: list[str] | None,
+    per_channel: bool,
+) -> None:
+    """INT8 weights and activation ranges calibrated on ``reader``'s batches, written in QDQ format."""
     from onnxruntime.quantization import (  # noqa: PLC0415 (heavy optional dependency)
         CalibrationMethod,
         QuantFormat,
         QuantType,
-        quantize_dynamic,
         quantize_static,
     )
 
-    ops = None if op_types_to_quantize is None else list(op_types_to_quantize)
-    if mode == "int8-dynamic":
-        quantize_dynamic(
-            str(src_p),
-            str(dst_p),
-            op_types_to_quantize=ops,
-            per_channel=per_channel,
-            weight_type=QuantType.QInt8,
-        )
-        return dst_p
-    assert calibration_feeds is not None  # int8-static: checked on entry
-    reader = FeedsCalibrationReader(calibration_feeds, batch_size=calibration_batch_size)
     method = {
         "minmax": CalibrationMethod.MinMax,
         "entropy": CalibrationMethod.Entropy,
         "percentile": CalibrationMethod.Percentile,
     }[calibration_method]
     quantize_static(
-        str(src_p),
-        str(dst_p),
+        str(src),
+        str(dst),
         reader,
         quant_format=QuantFormat.QDQ,
         op_types_to_quantize=ops,
@@ -150,4 +178,3 @@ def make_variant(
         weight_type=QuantType.QInt8,
         calibrate_method=method,
     )
-    return dst_p

@@ -215,6 +215,56 @@ def _start(
         probe.close()
 
 
+def _listen_args(folder: Path, unix_socket: bool, extra: dict[str, str]) -> dict[str, str]:
+    """The config lines that say where the server listens: a unix socket in ``folder``, or a free port."""
+    if unix_socket:
+        return {"port": "0", "unixsocket": str(folder / "redis.sock"), "unixsocketperm": "700", **extra}
+    return {"port": str(free_port()), **extra}
+
+
+def _start_with_retries(
+    executable: str, unix_socket: bool, extra: dict[str, str], startup_timeout_s: float
+) -> RedisServer:
+    """Start a server with a fresh password, on a new free port while another program takes the last one.
+
+    A free port can be taken between asking the OS for it and the server binding it, so up to
+    ``_START_ATTEMPTS`` ports are tried (a unix socket in a private folder is tried once).
+    """
+    password = secrets.token_hex(32)
+    last: _PortTakenError | None = None
+    for _ in range(1 if unix_socket else _START_ATTEMPTS):
+        try:
+            return _start_in_a_new_folder(executable, password, unix_socket, extra, startup_timeout_s)
+        except _PortTakenError as err:
+            last = err
+    raise RedisUnavailableError(f"no free port after {_START_ATTEMPTS} attempts; last: {last}") from None
+
+
+def _start_in_a_new_folder(
+    executable: str, password: str, unix_socket: bool, extra: dict[str, str], startup_timeout_s: float
+) -> RedisServer:
+    """One attempt, in a new folder (mode 0700: the password file is ours alone) that the guard removes."""
+    folder = Path(tempfile.mkdtemp(prefix="course-redis-"))
+    try:
+        args = _listen_args(folder, unix_socket, extra)
+        guard, pid, version = _start(executable, folder, password, args, startup_timeout_s)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    sock = args.get("unixsocket")
+    return RedisServer(
+        executable,
+        guard,
+        folder,
+        password,
+        pid,
+        host=None if sock else "127.0.0.1",
+        port=None if sock else int(args["port"]),
+        unix_socket=sock,
+        version=version,
+    )
+
+
 @contextmanager
 def redis_server(
     *,
@@ -271,42 +321,10 @@ def redis_server(
         raise RedisUnavailableError(redis_unavailable_reason(redis_executable) or "redis-server not found")
     if unix_socket and sys.platform.startswith("win"):
         raise RedisUnavailableError("unix sockets are not available on Windows; use unix_socket=False")
-    password = secrets.token_hex(32)
     extra = {"maxmemory-policy": maxmemory_policy}
     if maxmemory_bytes is not None:
         extra["maxmemory"] = str(maxmemory_bytes)
-    for attempt in range(_START_ATTEMPTS):  # a free port can be taken before we bind it: retry
-        # a folder per attempt (mode 0700: the password file is ours alone); the guard removes it
-        folder = Path(tempfile.mkdtemp(prefix="course-redis-"))
-        try:
-            if unix_socket:
-                sock = str(folder / "redis.sock")
-                args = {"port": "0", "unixsocket": sock, "unixsocketperm": "700", **extra}
-            else:
-                sock, port = None, free_port()
-                args = {"port": str(port), **extra}
-            guard, pid, version = _start(executable, folder, password, args, startup_timeout_s)
-            break
-        except _PortTakenError as err:
-            shutil.rmtree(folder, ignore_errors=True)
-            if unix_socket or attempt == _START_ATTEMPTS - 1:
-                raise RedisUnavailableError(
-                    f"no free port after {_START_ATTEMPTS} attempts; last: {err}"
-                ) from None
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-    server = RedisServer(
-        executable,
-        guard,
-        folder,
-        password,
-        pid,
-        host=None if sock else "127.0.0.1",
-        port=None if sock else port,
-        unix_socket=sock,
-        version=version,
-    )
+    server = _start_with_retries(executable, unix_socket, extra, startup_timeout_s)
     watchdog = threading.Timer(max_lifetime_s, server.stop)
     watchdog.daemon = True
     watchdog.start()
