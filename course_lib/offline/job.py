@@ -50,8 +50,9 @@ from tqdm.auto import tqdm
 
 from course_lib.core.bench import usable_cores
 from course_lib.core.checks import integer, one_of
+from course_lib.core.vocabulary import BATCH_RUNTIMES
 from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, peak_rss_mib, reset_peak_rss
-from course_lib.offline.scorers import RUNTIMES, choose_runtime, make_scorer, row_problems, scorer_spec
+from course_lib.offline.scorers import choose_runtime, make_scorer, row_problems, scorer_spec
 from course_lib.offline.store import (
     DEFAULT_CHUNK_ROWS,
     build_parquet_store,
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
-    "RUNTIMES",
     "SOURCE000_ROWS_PER_S",
     "STAGES",
     "JobSummary",
@@ -220,7 +220,7 @@ def score_store(
         Output folder. Re-running with the same folder resumes: chunks whose part file exists are
         skipped; other settings in it are refused (:func:`claim_output_dir`).
     model : course_lib.churn.model.ChurnModel
-    runtime : one of :data:`RUNTIMES`
+    runtime : one of :data:`course_lib.core.vocabulary.BATCH_RUNTIMES`
     chunk_rows : int >= 1
         Rows per chunk (and per part file); a multiple of the store's row group size reads each row
         group once.
@@ -247,7 +247,7 @@ def score_store(
     FileNotFoundError
         If ``source`` does not exist.
     """
-    one_of("runtime", runtime, RUNTIMES)
+    one_of("runtime", runtime, BATCH_RUNTIMES)
     threads = integer("threads", threads, min=1)
     workers = default_workers(threads) if workers is None else integer("workers", workers, min=1)
     plan = plan_chunks(source, chunk_rows)
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output folder (re-run the same command to resume)")
-    parser.add_argument("--runtime", choices=[*RUNTIMES, "auto"], default="auto")
+    parser.add_argument("--runtime", choices=[*BATCH_RUNTIMES, "auto"], default="auto")
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS)
     parser.add_argument("--workers", type=int, default=None, help="processes (default: every usable core)")
     parser.add_argument("--threads", type=int, default=1, help="scoring threads per process (default 1)")
