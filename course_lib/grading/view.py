@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from course_lib.core.files import REPO_ROOT as _REPO_ROOT
+from course_lib.core.files import IMPORT_ROOT, course_workspace
 
 __all__ = [
     "DEVICES",
@@ -44,13 +44,11 @@ __all__ = [
     "MIB",
     "PASSED_ENV",
     "PROC_READ_ONLY",
-    "REPO_ROOT",
     "SEED_DIR",
     "KernelView",
     "kernel_view",
 ]
 
-REPO_ROOT = _REPO_ROOT
 GIB = 1024**3
 MIB = 1024**2
 #: The parts of /etc a Python kernel uses (the dynamic loader, time zone, fonts, certificates, user names);
@@ -162,7 +160,7 @@ def _kernel_env(env: dict[str, str]) -> dict[str, str]:
         "PATH": path,
         "HOME": "/tmp",
         "TMPDIR": "/tmp",
-        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONPATH": str(IMPORT_ROOT),
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "IPYTHONDIR": "/tmp/.ipython",
@@ -249,7 +247,9 @@ def kernel_view(
     system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
     # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
     # can read them (the capstone's baseline) and never change them.
-    course = [REPO_ROOT / "course_lib", REPO_ROOT / "data", REPO_ROOT / "build"]
+    # The package as imported, and the data and builds of the checkout at or above the current directory.
+    workspace = course_workspace()
+    course = [IMPORT_ROOT / "course_lib", workspace / "data", workspace / "build"]
     launcher = [python, "-I", "-c", _LIMITS_LAUNCHER]
     launcher += [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes), str(max_processes)]
     launcher += [SEED_DIR, cwd]

@@ -65,7 +65,7 @@ SPIN_WINDOW_S = 0.002
 
 
 async def wait_until(due_s: float, *, spin_s: float, clock: Callable[[], float] = time.perf_counter) -> float:
-    """Wait on the event loop until ``clock()`` reaches ``due_s`` (never early); returns the spin's CPU seconds.
+    """Wait on the event loop until ``clock()`` reaches ``due_s``, never early; returns the spin's CPU s.
 
     Sleeps on the loop's timer until ``spin_s`` before ``due_s`` (the loop's timers are coarse: whole
     milliseconds in uvloop/libuv), then yields to the loop (``asyncio.sleep(0)``, which still handles
@@ -100,7 +100,7 @@ async def wait_until(due_s: float, *, spin_s: float, clock: Callable[[], float] 
 
 
 def outcome_of(exc: BaseException) -> str:
-    """Which of ``CLIENT_OUTCOMES`` (``course_lib.core.vocabulary``) a failed request ends as: ``timeout``, ``shed`` or ``error``.
+    """Which of ``course_lib.core.vocabulary.CLIENT_OUTCOMES`` a failed request ends as: timeout, shed, error.
 
     ``shed`` is a ``course_lib.serving.service.HttpStatusError`` whose status the server answers when
     it sheds load (429, 503: ``.shed``), whichever client raised it (an HTTP target, the hedging
@@ -144,7 +144,8 @@ class LoadResult:
     requests : DataFrame, one row per request sent
         ``request_id``, ``scheduled_ms`` (since the run started), ``lag_ms`` (actual send - scheduled),
         ``latency_ms`` (answer - scheduled; NaN if no answer came), ``ok``, ``outcome`` (one of
-        ``course_lib.core.vocabulary.CLIENT_OUTCOMES``), ``error`` (empty when ok), plus one column per field the target returned
+        ``course_lib.core.vocabulary.CLIENT_OUTCOMES``), ``error`` (empty when ok), plus one column per
+        field the target returned
         (e.g. ``queue_wait_ms``, ``batch_size``). A shed request (429/503) keeps its ``latency_ms``:
         the time it took to be refused.
     rate_rps : float
