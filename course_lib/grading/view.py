@@ -6,9 +6,11 @@ mechanisms in :mod:`course_lib.grading.sandbox` (bubblewrap) and :mod:`course_li
 
 * read-only: the system folders (``/usr``, ``/opt``, merged-``/usr`` links or folders ``/bin``,
   ``/lib``...), the parts of ``/etc`` in :data:`ETC_FILES`, the Python installation and virtual
-  environment, ``course_lib``, ``data/`` and ``build/`` of this checkout, the folder holding the
-  kernel's connection file, and the *seed*: the files of the notebook's folder, which the launcher
-  copies into the writable folder below before the kernel starts;
+  environment, ``course_lib`` as imported, ``data/`` and ``build/`` of the checkout at or above the
+  current directory (``course_lib.core.files.course_workspace``; the kernel is told its
+  ``COURSE_DATA_DIR``), the folder holding the kernel's connection file, and the *seed*: the files of
+  the notebook's folder, which the launcher copies into the writable folder below before the kernel
+  starts;
 * a private ``/dev`` (read-only, its device nodes of :data:`DEVICES` bound read-only) and a ``/proc``
   of the kernel's own PID namespace with the host kernel's knobs (:data:`PROC_READ_ONLY`) read-only;
 * writable, and only in memory, each with a size limit (:attr:`KernelView.in_memory`): the
@@ -152,7 +154,7 @@ def _read_only(paths: list[Path]) -> list[tuple[str, str]]:
     return binds
 
 
-def _kernel_env(env: dict[str, str]) -> dict[str, str]:
+def _kernel_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
     kept = {key: env[key] for key in PASSED_ENV if key in env}
     path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
     return {
@@ -161,6 +163,8 @@ def _kernel_env(env: dict[str, str]) -> dict[str, str]:
         "HOME": "/tmp",
         "TMPDIR": "/tmp",
         "PYTHONPATH": str(IMPORT_ROOT),
+        # explicit: the kernel's folder is not inside the checkout the sandbox shows (no pyproject.toml)
+        "COURSE_DATA_DIR": str(data_dir),
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "IPYTHONDIR": "/tmp/.ipython",
@@ -245,9 +249,9 @@ def kernel_view(
     symlinks = [(os.readlink(top), top) for top in TOP_FOLDERS if os.path.islink(top)]
     top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
     system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
-    # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
-    # can read them (the capstone's baseline) and never change them.
-    # The package as imported, and the data and builds of the checkout at or above the current directory.
+    # The package as imported, and data/ and build/ of the checkout at or above the current directory. build/
+    # holds what the lessons built (feature stores, the trained model): read-only, so a problem set can read
+    # them (the capstone's baseline) and never change them.
     workspace = course_workspace()
     course = [IMPORT_ROOT / "course_lib", workspace / "data", workspace / "build"]
     launcher = [python, "-I", "-c", _LIMITS_LAUNCHER]
@@ -261,6 +265,6 @@ def kernel_view(
         devices=tuple(dev for dev in DEVICES if os.path.exists(dev)),
         in_memory=tuple(sizes.items()),
         cwd=cwd,
-        env=_kernel_env(dict(os.environ if env is None else env)),
+        env=_kernel_env(dict(os.environ if env is None else env), workspace / "data"),
         command=(*launcher, *kernel_cmd),
     )
