@@ -235,6 +235,66 @@ class LoadResult:
         return row
 
 
+def _send_times_s(
+    rate_rps: float,
+    n_requests: int,
+    seed: int,
+    schedule_ms: Sequence[float] | np.ndarray | None,
+    max_duration_s: float,
+) -> np.ndarray:
+    """A run's intended send times (s from its first send, the first at 0, none after ``max_duration_s``).
+
+    Poisson arrivals at ``rate_rps`` (``seed``), or the first ``n_requests`` of ``schedule_ms``, checked.
+    Raises ValueError for a schedule that is empty, not 1-D, not finite or decreasing.
+    """
+    if schedule_ms is None:
+        schedule_s = poisson_arrivals_ms(rate_rps, n_requests, seed) / 1000.0
+    else:
+        schedule_s = np.asarray(schedule_ms, dtype=float)[:n_requests] / 1000.0
+        if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
+            raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
+        if (np.diff(schedule_s) < 0).any():
+            raise ValueError("schedule_ms must be non-decreasing (intended send times in order)")
+    schedule_s = schedule_s - schedule_s[0]  # first request at t = 0
+    return schedule_s[schedule_s <= max_duration_s]
+
+
+async def _timed_request(
+    send: Send, i: int, scheduled: float, *, start: float, timeout_s: float, clock: Callable[[], float]
+) -> dict[str, Any]:
+    """Send request ``i`` now and return its row: times from its ``scheduled`` instant, and its outcome.
+
+    ``scheduled_ms`` is counted from the run's ``start``, ``lag_ms`` is the send's lateness, and
+    ``latency_ms`` runs from the intended instant (NaN without an answer; a shed keeps its time).
+    """
+    sent = clock()
+    row: dict[str, Any] = {"request_id": i, "scheduled_ms": 1000.0 * (scheduled - start)}
+    row["lag_ms"] = 1000.0 * (sent - scheduled)
+    try:
+        async with asyncio.timeout(timeout_s):
+            fields = await send(i)
+    except TimeoutError:
+        row.update(
+            ok=False,
+            outcome="timeout",
+            error=f"TimeoutError: no answer within {timeout_s:g} s",
+            latency_ms=math.nan,
+        )
+    except Exception as exc:
+        kind = outcome_of(exc)
+        row.update(
+            ok=False,
+            outcome=kind,
+            error=f"{type(exc).__name__}: {str(exc)[:200]}",
+            latency_ms=1000.0 * (clock() - scheduled) if kind == "shed" else math.nan,
+        )
+    else:
+        row.update(ok=True, outcome="ok", error="", latency_ms=1000.0 * (clock() - scheduled))
+        if fields:
+            row.update(fields)
+    return row
+
+
 async def run_open_loop(
     send: Send,
     *,
@@ -288,47 +348,13 @@ async def run_open_loop(
     timeout = positive_number("request_timeout_s", request_timeout_s)
     spin_s = number("spin_s", spin_s, min=0, max=1, max_open=True)
     n_requests = integer("n_requests", n_requests, min=1)
-    if schedule_ms is None:
-        schedule_s = poisson_arrivals_ms(rate, n_requests, seed) / 1000.0
-    else:
-        schedule_s = np.asarray(schedule_ms, dtype=float)[:n_requests] / 1000.0
-        if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
-            raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
-        if (np.diff(schedule_s) < 0).any():
-            raise ValueError("schedule_ms must be non-decreasing (intended send times in order)")
-    schedule_s = schedule_s - schedule_s[0]  # first request at t = 0
-    schedule_s = schedule_s[schedule_s <= duration]
+    schedule_s = _send_times_s(rate, n_requests, seed, schedule_ms, duration)
     rows: list[dict[str, Any] | None] = [None] * len(schedule_s)
     clock = time.perf_counter
     start = clock()
 
     async def one(i: int, scheduled: float) -> None:
-        sent = clock()
-        row: dict[str, Any] = {"request_id": i, "scheduled_ms": 1000.0 * (scheduled - start)}
-        row["lag_ms"] = 1000.0 * (sent - scheduled)
-        try:
-            async with asyncio.timeout(timeout):
-                fields = await send(i)
-        except TimeoutError:
-            row.update(
-                ok=False,
-                outcome="timeout",
-                error=f"TimeoutError: no answer within {timeout:g} s",
-                latency_ms=math.nan,
-            )
-        except Exception as exc:
-            kind = outcome_of(exc)
-            row.update(
-                ok=False,
-                outcome=kind,
-                error=f"{type(exc).__name__}: {str(exc)[:200]}",
-                latency_ms=1000.0 * (clock() - scheduled) if kind == "shed" else math.nan,
-            )
-        else:
-            row.update(ok=True, outcome="ok", error="", latency_ms=1000.0 * (clock() - scheduled))
-            if fields:
-                row.update(fields)
-        rows[i] = row
+        rows[i] = await _timed_request(send, i, scheduled, start=start, timeout_s=timeout, clock=clock)
 
     tasks = []
     spin_cpu_s = 0.0  # CPU spent in the last stretch before the sends (other tasks' callbacks run there too)

@@ -216,6 +216,55 @@ def _k6_rate(rate_rps: float) -> dict[str, str]:
     return {"RATE": str(round(rate_rps * 100)), "TIME_UNIT": "100s"}
 
 
+def _checked_run(
+    rate_rps: float,
+    duration_s: float,
+    ids: Sequence[str],
+    pre_allocated_vus: int,
+    max_vus: int,
+    request_timeout_s: float,
+    warm_s: float,
+    grace_s: float,
+) -> tuple[float, float, float, float]:
+    """``run_k6``'s arguments checked (see its Raises): ``(rate, duration, timeout, warm)`` as floats."""
+    rate = positive_number("rate_rps", rate_rps)
+    if rate < 0.01 or abs(round(rate * 100) - rate * 100) > 1e-6 * rate * 100:
+        raise checks.InvalidArgumentError(
+            f"rate_rps must be a multiple of 0.01 requests/s, at least 0.01 (k6 takes whole iterations per "
+            f"100 s), got {rate_rps!r}"
+        )
+    duration = number("duration_s", duration_s, min=1, unit="s (k6's shortest run is 1 s)")
+    integer("pre_allocated_vus", pre_allocated_vus, min=1)
+    integer("max_vus", max_vus, min=int(pre_allocated_vus))
+    timeout = number("request_timeout_s", request_timeout_s, min=0.001, unit="s")
+    warm = number("warm_s", warm_s, min=0, unit="s")
+    if 0 < warm < 1:
+        raise checks.InvalidArgumentError(
+            f"warm_s must be 0 (no warm-up) or at least 1 s (k6's shortest maxDuration), got {warm_s!r}"
+        )
+    positive_number("grace_s", grace_s)
+    customers: list[object] | tuple[object, ...] = instance_of("ids", non_empty("ids", ids), (list, tuple))
+    for customer in customers:
+        instance_of("ids", customer, str)
+    return rate, duration, timeout, warm
+
+
+def _guarded_run(cmd: list[str], log_file: Path, *, limit_s: float) -> tuple[int | None, str]:
+    """Run k6's ``cmd`` under the process guard, its output to ``log_file``, for at most ``limit_s`` seconds.
+
+    Returns its exit code (None if it overran and was stopped) and the end of its log and the guard's.
+    """
+    with open(log_file, "wb") as log:
+        child = start_child(guard_command(cmd), name="k6", env={"K6_NO_USAGE_REPORT": "true"}, stdout=log)
+        with child:  # leaving it stops the guard and k6 (their process group), whatever happened
+            try:
+                code: int | None = child.popen.wait(timeout=limit_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            guard_said = child.tail()
+    return code, log_file.read_text(encoding="utf-8", errors="replace")[-2000:] + guard_said
+
+
 def run_k6(
     url: str,
     *,
@@ -260,25 +309,9 @@ def run_k6(
     RuntimeError
         If k6 exits non-zero or overruns (the message holds the end of its output).
     """
-    rate = positive_number("rate_rps", rate_rps)
-    if rate < 0.01 or abs(round(rate * 100) - rate * 100) > 1e-6 * rate * 100:
-        raise checks.InvalidArgumentError(
-            f"rate_rps must be a multiple of 0.01 requests/s, at least 0.01 (k6 takes whole iterations per "
-            f"100 s), got {rate_rps!r}"
-        )
-    duration = number("duration_s", duration_s, min=1, unit="s (k6's shortest run is 1 s)")
-    integer("pre_allocated_vus", pre_allocated_vus, min=1)
-    integer("max_vus", max_vus, min=int(pre_allocated_vus))
-    timeout = number("request_timeout_s", request_timeout_s, min=0.001, unit="s")
-    warm = number("warm_s", warm_s, min=0, unit="s")
-    if 0 < warm < 1:
-        raise checks.InvalidArgumentError(
-            f"warm_s must be 0 (no warm-up) or at least 1 s (k6's shortest maxDuration), got {warm_s!r}"
-        )
-    positive_number("grace_s", grace_s)
-    customers: list[object] | tuple[object, ...] = instance_of("ids", non_empty("ids", ids), (list, tuple))
-    for customer in customers:
-        instance_of("ids", customer, str)
+    rate, duration, timeout, warm = _checked_run(
+        rate_rps, duration_s, ids, pre_allocated_vus, max_vus, request_timeout_s, warm_s, grace_s
+    )
     with tempfile.TemporaryDirectory(prefix="course-k6-") as tmp:
         folder = Path(log_dir) if log_dir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -301,15 +334,7 @@ def run_k6(
         for key, value in env_args.items():
             cmd += ["-e", f"{key}={value}"]
         cmd.append(str(script))
-        with open(log_file, "wb") as log:
-            child = start_child(guard_command(cmd), name="k6", env={"K6_NO_USAGE_REPORT": "true"}, stdout=log)
-            with child:  # leaving it stops the guard and k6 (their process group), whatever happened
-                try:
-                    code: int | None = child.popen.wait(timeout=warm + duration + grace_s)
-                except subprocess.TimeoutExpired:
-                    code = None
-                guard_said = child.tail()
-        tail = log_file.read_text(encoding="utf-8", errors="replace")[-2000:] + guard_said
+        code, tail = _guarded_run(cmd, log_file, limit_s=warm + duration + grace_s)
         if code != 0 or not summary_file.is_file():
             raise RuntimeError(
                 f"k6 {'overran its run time' if code is None else f'exited with code {code}'}: {tail}"
