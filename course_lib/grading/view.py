@@ -177,6 +177,23 @@ def _kernel_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
     }
 
 
+def _host_read_only(python: str, workspace: Path) -> list[Path]:
+    """The host paths a kernel sees read-only: the system's folders and ``/etc`` files, the Python
+    installation of ``python``, the package as imported, and ``data/`` and ``build/`` of ``workspace``."""
+    python_dirs = [
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(python).parent,
+    ]
+    top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
+    system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
+    # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
+    # can read them (the capstone's baseline) and never change them.
+    course = [IMPORT_ROOT / "course_lib", workspace / "data", workspace / "build"]
+    return top_dirs + system + python_dirs + course
+
+
 def kernel_view(
     kernel_cmd: list[str],
     *,
@@ -240,24 +257,12 @@ def kernel_view(
     # written would go through folders the sandbox does not show
     python = os.path.abspath(sys.executable)
     kernel_cmd = [python if part == sys.executable else part for part in kernel_cmd]
-    python_dirs = [
-        Path(sys.prefix),
-        Path(sys.base_prefix),
-        Path(sys.exec_prefix),
-        Path(python).parent,
-    ]
     symlinks = [(os.readlink(top), top) for top in TOP_FOLDERS if os.path.islink(top)]
-    top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
-    system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
-    # The package as imported, and data/ and build/ of the checkout at or above the current directory. build/
-    # holds what the lessons built (feature stores, the trained model): read-only, so a problem set can read
-    # them (the capstone's baseline) and never change them.
     workspace = course_workspace()
-    course = [IMPORT_ROOT / "course_lib", workspace / "data", workspace / "build"]
     launcher = [python, "-I", "-c", _LIMITS_LAUNCHER]
     launcher += [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes), str(max_processes)]
     launcher += [SEED_DIR, cwd]
-    read_only = _read_only(top_dirs + system + python_dirs + course)
+    read_only = _read_only(_host_read_only(python, workspace))
     read_only += [(seed_dir, SEED_DIR), (connection_dir, connection_dir)]
     return KernelView(
         read_only=tuple(read_only),
