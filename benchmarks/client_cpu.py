@@ -9,7 +9,7 @@ a 2-core machine, so the cheaper client leaves more of the machine to what is me
 Part 2, the tools: the course generator (``GeneratorPool``, 2 processes, the wire client, its 2 ms
 spin before each send included, and reported apart) and k6 (``loadtests/churn.js``), open loop at each of ``--rates`` for
 ``--duration-s``, taking turns ``--repeats`` times, against the same null server
-(``course_lib.measure.waterfall.client_cpu_table``: k6's cost by the difference of a run and one twice
+(``course_lib.measure.load_tools.client_cpu_table``: k6's cost by the difference of a run and one twice
 as long, so its start-up cancels). ``--out`` writes the table to
 ``data/measurements/client_cpu.json``, which Lessons 6 and 12 read.
 
@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
 
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool, serve_null  # noqa: E402
+from course_lib.measure.load_tools import client_cpu_table, k6_version, save_client_cpu  # noqa: E402
 from course_lib.measure.targets import WIRE_FIELD, aiohttp_target, wire_target  # noqa: E402
-from course_lib.measure.waterfall import client_cpu_table, k6_version, save_client_cpu  # noqa: E402
 
 CLIENTS = {"aiohttp": aiohttp_target, "wire client": wire_target}
 

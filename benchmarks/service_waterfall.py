@@ -37,13 +37,13 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
 from course_lib.core.affinity import PIN_HELP, pin_option  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import generator_limit_text  # noqa: E402
+from course_lib.measure.load_tools import k6_version  # noqa: E402
 from course_lib.measure.waterfall import (  # noqa: E402
     AGREEMENT_TOLERANCE,
     FLOOR_STEP,
     PRODUCTION_STEP,
     PROTOTYPE_STEP,
     WATERFALL,
-    k6_version,
     run_waterfall,
     save_waterfall,
     tool_agreement,

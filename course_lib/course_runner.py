@@ -26,13 +26,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from course_lib.core.files import REPO_ROOT, atomic_write_text
+from course_lib.core.files import atomic_write_text, course_workspace
 
 __all__ = ["LessonResult", "lesson_paths", "main", "prepare_first_run", "run_lessons"]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in a kernel's traceback
-_TEMPLATES = REPO_ROOT / "config" / "nbconvert_templates"
+#: The checkout's nbconvert templates: ``config/nbconvert_templates`` of the course checkout at or above the
+#: current working directory (``course_lib.core.files.course_workspace``).
+_TEMPLATES = course_workspace() / "config" / "nbconvert_templates"
 #: The HTML pages' template, as ``make html``'s: JupyterLab's ``lab`` plus each figure's alt text (the cell
 #: metadata ``alt``, which ``lab`` drops); nbconvert's stock ``lab`` outside a checkout.
 HTML_TEMPLATE: dict[str, object] = (

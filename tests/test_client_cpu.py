@@ -1,4 +1,4 @@
-"""Each load tool's CPU per request (course_lib.measure.waterfall._client_cpu): measured on real k6 and the
+"""Each load tool's CPU per request (course_lib.measure.load_tools.client_cpu): measured on real k6 and the
 real course generator against the null server, the record's round trip, and bad arguments."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from course_lib.core.checks import InvalidArgumentError
 from course_lib.measure.generators import GeneratorPool, merge_results, serve_null
-from course_lib.measure.waterfall import (
+from course_lib.measure.load_tools import (
     LOAD_TOOLS,
     RECORDED_CLIENT_CPU,
     client_cpu_table,

@@ -44,8 +44,8 @@ from course_lib.measure.knee import (
     step_row,
     step_table,
 )
+from course_lib.measure.load_tools.locust import bucket_response_time_ms, locust_percentile
 from course_lib.measure.loadgen import LoadResult, run_open_loop
-from course_lib.measure.locust_runner import bucket_response_time_ms, locust_percentile
 from course_lib.measure.source_loadtest import source_load_test, source_percentile
 from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import spike_schedule

@@ -8,9 +8,10 @@ import pyarrow as pa
 import pytest
 
 from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, ID_COLUMN, make_customers
+from course_lib.core.vocabulary import BATCH_RUNTIMES
 from course_lib.offline import compiled
 from course_lib.offline.rows import Encoding, check_rows, encode_rows, row_problems
-from course_lib.offline.scorers import RUNTIMES, choose_runtime, make_scorer, runtime_unavailable, scorer_spec
+from course_lib.offline.scorers import choose_runtime, make_scorer, runtime_unavailable, scorer_spec
 from course_lib.offline.store import build_parquet_store, plan_chunks, read_chunk
 
 
@@ -151,7 +152,7 @@ def test_scorer_arguments_are_checked(churn_model):
 
 def test_choose_runtime_times_every_available_runtime(chunk, churn_model):
     best, table = choose_runtime(churn_model, chunk, rounds=2)
-    assert list(table.index) == list(RUNTIMES)
+    assert list(table.index) == list(BATCH_RUNTIMES)
     timed = table.dropna(subset=["median_us"])
     assert best == timed["median_us"].idxmin() and {"xgboost", "onnxruntime"} <= set(timed.index)
     assert (timed["rows_per_s"] - 1e6 / timed["us_per_item"]).abs().max() < 1e-6

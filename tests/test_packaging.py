@@ -248,3 +248,76 @@ def test_make_lab_puts_the_course_environment_first_on_the_terminals_path():
     assert command.startswith(f'PATH="{ROOT}/.venv/bin:') and f'VIRTUAL_ENV="{ROOT}/.venv"' in command, (
         command
     )
+
+
+def _package_files_named_in_source() -> set[str]:
+    """Every ``package_file("pkg", "part", ...)`` call in course_lib with literal arguments, as wheel paths."""
+    named = set()
+    for path in sorted((ROOT / "course_lib").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "package_file"
+                and node.args
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args)
+            ):
+                package, *parts = (a.value for a in node.args)
+                named.add("/".join([*package.split("."), *parts]))
+    return named
+
+
+def test_the_wheel_holds_every_data_file_the_package_reads(tmp_path):
+    """Built from a copy of the sources (pip, no isolation, no index): the scripts, rules and CSV are inside."""
+    import shutil
+    import zipfile
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "course_lib", source / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+         "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("course_lib-*.whl")
+    inside = set(zipfile.ZipFile(wheel).namelist())
+    named = _package_files_named_in_source()
+    assert {
+        "course_lib/churn/dataset/telco_customer_churn.csv",
+        "course_lib/measure/load_tools/scripts/churn.js",
+        "course_lib/measure/load_tools/scripts/locustfile.py",
+        "course_lib/operate/prometheus_rules",
+    } <= named
+    files = {n for n in named if not n.endswith("prometheus_rules")}
+    assert files <= inside, sorted(files - inside)
+    rules = {
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "course_lib/operate/prometheus_rules").rglob("*")
+    }
+    assert {r for r in rules if "." in r.rsplit("/", 1)[-1]} <= inside  # the rules and their promtool tests
+
+
+def test_the_package_finds_no_file_through_the_repository_root():
+    """No module looks for the checkout around itself: data through package_file, the rest an explicit path."""
+    offenders = [
+        p.relative_to(ROOT).as_posix()
+        for p in sorted((ROOT / "course_lib").rglob("*.py"))
+        if "REPO_ROOT" in p.read_text()
+    ]
+    assert offenders == []
+
+
+def test_the_checkout_folders_link_to_the_package_copies():
+    """One copy of each data file: the top-level folders students use are links into the package."""
+    links = {
+        "loadtests/churn.js": "course_lib/measure/load_tools/scripts/churn.js",
+        "loadtests/locustfile.py": "course_lib/measure/load_tools/scripts/locustfile.py",
+        "prometheus": "course_lib/operate/prometheus_rules",
+        "data/telco_customer_churn.csv": "course_lib/churn/dataset/telco_customer_churn.csv",
+    }
+    for link, target in links.items():
+        assert (ROOT / link).is_symlink(), link
+        assert (ROOT / link).resolve() == (ROOT / target).resolve(), link

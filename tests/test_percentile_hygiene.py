@@ -14,7 +14,7 @@ from hdrh.histogram import HdrHistogram
 
 from course_lib.core.percentiles import nearest_rank, percentile
 from course_lib.measure.histograms import hdr_explain, hdr_explain_table, hdr_from_samples, hdr_rank
-from course_lib.measure.locust_runner import (
+from course_lib.measure.load_tools.locust import (
     locust_closed_loop,
     locust_percentile,
     locust_rank,
@@ -164,7 +164,7 @@ def test_a_real_locust_run_stays_within_what_its_rules_allow(tmp_path):
     """Bounds that hold at any load: a closed loop never sends more than its schedule, and Requests/s
     is the count over a window no longer than -t plus the stop timeout."""
     from course_lib.measure.load_server import serve_churn
-    from course_lib.measure.locust_runner import run_locust
+    from course_lib.measure.load_tools.locust import run_locust
 
     users, pacing_s, run_s, stop_s = 3, 0.25, 3, 2
     with serve_churn(lifetime_s=120) as server:

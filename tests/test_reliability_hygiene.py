@@ -41,7 +41,7 @@ def parents(files, out: Path) -> dict[str, tuple[str, int]]:
     scripts = {
         "locust": (
             f"""
-            from course_lib.measure.locust_runner import run_locust
+            from course_lib.measure.load_tools.locust import run_locust
             ready("starting", wait=False)
             run_locust("http://127.0.0.1:9", users=1, spawn_rate=1, run_time_s=120, csv_prefix={str(out / "locust")!r})""",
             2,

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from course_lib.core.checks import InvalidArgumentError
+from course_lib.measure.load_tools import K6Result, parse_k6_summary
 from course_lib.measure.loadgen import LoadResult
 from course_lib.measure.waterfall import (
-    K6Result,
     WaterfallStep,
     geometric_ladder,
     interleaved_climb,
@@ -22,7 +22,6 @@ from course_lib.measure.waterfall import (
     lever_table,
     lever_verdict,
     load_waterfall,
-    parse_k6_summary,
     rung_duration_s,
     save_waterfall,
     tool_agreement,
@@ -375,7 +374,7 @@ def test_a_peer_and_every_process_it_forks_stop_with_its_launcher(tmp_path):
 
 def test_k6_that_fails_is_reported_with_the_end_of_its_output(tmp_path):
     """k6 runs under the course's process guard; a script it cannot run fails with k6's own words."""
-    from course_lib.measure.waterfall import run_k6
+    from course_lib.measure.load_tools import run_k6
 
     script = tmp_path / "broken.js"
     script.write_text("this is not javascript\n")
@@ -459,7 +458,7 @@ def test_tool_agreement_compares_knees_and_like_for_like_p50s_within_the_toleran
 def test_k6_offers_a_fractional_rate_per_hundred_seconds():
     """k6 takes whole iterations per time unit: half a ladder rung (380.5 requests/s) used to stop it."""
     from course_lib.measure.generators import serve_null
-    from course_lib.measure.waterfall import run_k6
+    from course_lib.measure.load_tools import run_k6
 
     with serve_null(lifetime_s=60) as url:
         r = run_k6(url + "/score", rate_rps=20.5, duration_s=2.0, ids=["SC-0000001"])
@@ -478,7 +477,7 @@ def test_k6_opens_its_connections_in_the_warm_up_not_in_the_measured_run(tmp_pat
     import json
 
     from course_lib.measure.generators import serve_null
-    from course_lib.measure.waterfall import run_k6
+    from course_lib.measure.load_tools import run_k6
 
     def connecting(folder) -> dict:
         metrics = json.loads((folder / "summary.json").read_text())["metrics"]
@@ -506,7 +505,7 @@ def test_k6_script_runs_by_hand_with_only_url_and_rate():
     import subprocess
 
     from course_lib.measure.generators import serve_null
-    from course_lib.measure.waterfall import K6_SCRIPT, k6_binary
+    from course_lib.measure.load_tools import K6_SCRIPT, k6_binary
 
     with serve_null(lifetime_s=60) as url:
         out = subprocess.run(
@@ -587,7 +586,8 @@ def test_tool_agreement_refuses_a_repeat_with_one_tool_only():
 
 
 def test_comparisons_refuse_bad_arguments_before_running_anything():
-    from course_lib.measure.waterfall import run_k6, spin_comparison, tool_comparison
+    from course_lib.measure.load_tools import run_k6
+    from course_lib.measure.waterfall import spin_comparison, tool_comparison
 
     pool = object()  # never used: every refusal comes first
     for kwargs, name in (({"spin_s": 1.0}, "spin_s"), ({"spin_s": -0.1}, "spin_s"), ({"order_shift": -1}, "order_shift"),

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core.checks import integer
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import course_workspace, package_file
 
 __all__ = [
     "BINARY_COLUMNS",
@@ -37,9 +37,13 @@ __all__ = [
     "make_customers",
 ]
 
-#: Folder holding the course data; override with the ``COURSE_DATA_DIR`` environment variable.
-DATA_DIR = Path(os.environ.get("COURSE_DATA_DIR", REPO_ROOT / "data"))
-TELCO_PATH = DATA_DIR / "telco_customer_churn.csv"
+#: The course's data folder (``measurements/`` the benchmarks record and the lessons read; its ``parent``
+#: holds ``build/``): ``data/`` of the course checkout at or above the current working directory, else of
+#: that directory (``course_lib.core.files.course_workspace``); override with ``COURSE_DATA_DIR``.
+DATA_DIR = Path(os.environ.get("COURSE_DATA_DIR", course_workspace() / "data"))
+#: The Telco CSV, shipped inside the package (``course_lib/churn/dataset/``; ``data/telco_customer_churn.csv``
+#: in a checkout links to it), so an installed package trains without a checkout.
+TELCO_PATH = package_file("course_lib.churn", "dataset", "telco_customer_churn.csv")
 #: sha256 of the committed CSV (printed by ``data/fetch_telco.py``).
 TELCO_SHA256 = "9fe82bb39bfbd4094193ba3a96e2fb4eca5394497c6ee7b52a189ef841e440d8"
 
@@ -146,7 +150,8 @@ def load_telco(path: str | Path | None = None, *, expected_sha256: str | None = 
     Parameters
     ----------
     path : str or Path, optional
-        CSV to read; defaults to ``TELCO_PATH`` (``data/telco_customer_churn.csv``).
+        CSV to read; defaults to ``TELCO_PATH`` (the package's copy, which
+        ``data/telco_customer_churn.csv`` links to).
     expected_sha256 : str or None
         Checksum the file must have; ``None`` skips the check (for your own edited copies).
 

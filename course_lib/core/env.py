@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from course_lib.core.bench import usable_cores
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import course_workspace
 
 __all__ = ["THREAD_ENV_VARS", "EnvReport", "course_environment", "cpu_model", "env_report"]
 
@@ -134,7 +134,7 @@ def env_report() -> EnvReport:
     )
 
 
-_LOCK = REPO_ROOT / "requirements.lock"
+_LOCK = course_workspace() / "requirements.lock"  # the lock of the checkout this runs in, if any
 
 
 def course_environment(lock: str | Path = _LOCK) -> str:
@@ -142,8 +142,8 @@ def course_environment(lock: str | Path = _LOCK) -> str:
 
     Returns one line for ``env_report``: "course environment (...)" when every library the report
     lists is installed at the locked version, otherwise "NOT the course environment: ..." naming the
-    first differences and what to do (``make lab``, then pick the course kernel). Empty when the lock
-    file is not next to the package (course_lib installed elsewhere).
+    first differences and what to do (``make lab``, then pick the course kernel). Empty when there is no
+    lock file (outside a course checkout: ``course_lib.core.files.course_workspace``).
     """
     try:
         text = Path(lock).read_text(encoding="utf-8")

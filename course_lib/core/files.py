@@ -1,7 +1,16 @@
-"""Files: where the checkout's folders are, and writing a file so that no reader ever sees half of it.
+"""Files: where the course's files are, and writing a file so that no reader ever sees half of it.
 
-``REPO_ROOT`` is the checkout that holds this ``course_lib`` (``data/``, ``prometheus/``,
-``loadtests/``, ``requirements.lock`` and ``exercises/`` live there).
+Where files are, without looking for the repository around the package (an installed ``course_lib``
+has none):
+
+* :func:`package_file`: a data file shipped inside the package (``importlib.resources``; the wheel
+  carries them as package data: the k6 script and the locustfile, the Prometheus rules, the Telco CSV);
+* :func:`course_workspace`: the folder the course reads and writes its own files in (``data/``,
+  ``build/``, ``exercises/``, ``config/``): the course checkout at or above a given folder, by default
+  the current working directory (a lesson's kernel runs in ``notebooks/``, ``make`` and the tests in the
+  checkout's root), else that folder itself (an installed package run elsewhere writes there);
+* :data:`IMPORT_ROOT`: the ``sys.path`` entry this ``course_lib`` was imported from, for a child
+  process that must import the same package (put first on its ``PYTHONPATH``).
 
 An atomic write puts the new content in a temporary file beside the target, in the same folder (so
 on the same file system), and renames it over the target with :func:`os.replace`. POSIX ``rename``
@@ -22,12 +31,14 @@ References
 ----------
 POSIX.1-2017, ``rename()`` ("If the link named by the new argument exists, it shall be removed and
 old renamed to new ... there shall be no point at which new does not exist"); Python documentation,
-:func:`os.replace`.
+:func:`os.replace`, :mod:`importlib.resources` ("Using importlib.resources"); setuptools
+documentation, "Data Files Support" (``package-data``).
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.resources
 import os
 import secrets
 from collections.abc import Iterator
@@ -36,10 +47,95 @@ from pathlib import Path
 
 from course_lib.core.checks import instance_of
 
-__all__ = ["REPO_ROOT", "atomic_path", "atomic_write_bytes", "atomic_write_text", "leftover_temporaries"]
+__all__ = [
+    "IMPORT_ROOT",
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "course_workspace",
+    "leftover_temporaries",
+    "package_file",
+]
 
-#: The checkout holding this course_lib: ``course_lib/core/files.py`` -> two folders up.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The ``sys.path`` entry holding this ``course_lib`` (``course_lib/core/files.py`` -> two folders up): a
+#: checkout's root when the package runs from one, ``site-packages`` when installed. Only for a child
+#: process's ``PYTHONPATH``, so that it imports this same package; never to find data (see above).
+IMPORT_ROOT = Path(__file__).resolve().parents[2]
+
+#: What marks a course checkout: its ``pyproject.toml`` names this project.
+_PROJECT_LINE = 'name = "course_lib"'
+
+
+def package_file(package: str, *parts: str) -> Path:
+    """The file-system path of a data file shipped inside ``package`` (``importlib.resources``).
+
+    Parameters
+    ----------
+    package : str
+        A dotted package name, e.g. ``"course_lib.measure.load_tools"``.
+    *parts : str
+        The file's path inside the package, one folder or file name each (``"scripts", "churn.js"``).
+
+    Returns
+    -------
+    pathlib.Path
+        An absolute path to the file (it is not opened or checked for existence: a constant may name a
+        file a build step writes).
+
+    Raises
+    ------
+    ModuleNotFoundError
+        If ``package`` cannot be imported.
+    TypeError
+        If ``package`` is not on a file system (imported from a zip archive), so its files have no path.
+
+    Examples
+    --------
+    >>> package_file("course_lib.core", "files.py").name
+    'files.py'
+    """
+    resource = importlib.resources.files(package).joinpath(*parts)
+    if not isinstance(resource, Path):
+        raise TypeError(
+            f"package {package!r} is not on a file system ({type(resource).__name__}): "
+            "its data files have no path"
+        )
+    return resource
+
+
+def course_workspace(start: str | os.PathLike[str] | None = None) -> Path:
+    """Where the course reads and writes its own files: the checkout at or above ``start``, else ``start``.
+
+    A course checkout is a folder whose ``pyproject.toml`` names the project ``course_lib``. A lesson's
+    kernel runs in ``notebooks/``, the tests and ``make`` in the checkout's root: each finds the checkout.
+    An installed package run outside any checkout uses ``start`` itself (``data/``, ``build/`` below it).
+
+    Parameters
+    ----------
+    start : str, path-like or None
+        Where to start looking; ``None`` (the default) is the current working directory.
+
+    Returns
+    -------
+    pathlib.Path
+        An absolute path.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> course_workspace(folder) == folder.resolve()
+    True
+    """
+    here = Path(os.getcwd() if start is None else start).resolve()
+    for folder in (here, *here.parents):
+        try:
+            if _PROJECT_LINE in (folder / "pyproject.toml").read_text(encoding="utf-8"):
+                return folder
+        except OSError:
+            continue
+    return here
+
 
 _SUFFIX = ".tmp"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_lib.core.checks import non_empty
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import IMPORT_ROOT, course_workspace
 
 __all__ = [
     "COURSE_ROOT",
@@ -38,8 +38,10 @@ __all__ = [
     "score_table",
 ]
 
-#: The workbook's nbgrader course root (``exercises/`` next to ``course_lib/``).
-COURSE_ROOT = REPO_ROOT / "exercises"
+#: The workbook's nbgrader course root, the default of every ``course_root``: ``exercises/`` of the course
+#: checkout at or above the current working directory when this module is imported
+#: (``course_lib.core.files.course_workspace``); grading only makes sense in a checkout.
+COURSE_ROOT = course_workspace() / "exercises"
 #: File name of the SQLite gradebook inside a course root (set in ``exercises/nbgrader_config.py``).
 GRADEBOOK_FILE = "gradebook.db"
 #: Columns of :func:`question_scores`, in order.
@@ -223,8 +225,8 @@ def run_nbgrader(
     root = _course_root(course_root)
     env = os.environ.copy()
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    repo_root = str(REPO_ROOT)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [repo_root, env.get("PYTHONPATH", "")] if p)
+    import_root = str(IMPORT_ROOT)  # nbgrader's kernels import this same course_lib
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [import_root, env.get("PYTHONPATH", "")] if p)
     return subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
         cwd=root,

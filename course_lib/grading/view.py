@@ -6,9 +6,11 @@ mechanisms in :mod:`course_lib.grading.sandbox` (bubblewrap) and :mod:`course_li
 
 * read-only: the system folders (``/usr``, ``/opt``, merged-``/usr`` links or folders ``/bin``,
   ``/lib``...), the parts of ``/etc`` in :data:`ETC_FILES`, the Python installation and virtual
-  environment, ``course_lib``, ``data/`` and ``build/`` of this checkout, the folder holding the
-  kernel's connection file, and the *seed*: the files of the notebook's folder, which the launcher
-  copies into the writable folder below before the kernel starts;
+  environment, ``course_lib`` as imported, ``data/`` and ``build/`` of the checkout at or above the
+  current directory (``course_lib.core.files.course_workspace``; the kernel is told its
+  ``COURSE_DATA_DIR``), the folder holding the kernel's connection file, and the *seed*: the files of
+  the notebook's folder, which the launcher copies into the writable folder below before the kernel
+  starts;
 * a private ``/dev`` (read-only, its device nodes of :data:`DEVICES` bound read-only) and a ``/proc``
   of the kernel's own PID namespace with the host kernel's knobs (:data:`PROC_READ_ONLY`) read-only;
 * writable, and only in memory, each with a size limit (:attr:`KernelView.in_memory`): the
@@ -34,7 +36,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from course_lib.core.files import REPO_ROOT as _REPO_ROOT
+from course_lib.core.files import IMPORT_ROOT, course_workspace
 
 __all__ = [
     "DEVICES",
@@ -44,13 +46,11 @@ __all__ = [
     "MIB",
     "PASSED_ENV",
     "PROC_READ_ONLY",
-    "REPO_ROOT",
     "SEED_DIR",
     "KernelView",
     "kernel_view",
 ]
 
-REPO_ROOT = _REPO_ROOT
 GIB = 1024**3
 MIB = 1024**2
 #: The parts of /etc a Python kernel uses (the dynamic loader, time zone, fonts, certificates, user names);
@@ -154,7 +154,7 @@ def _read_only(paths: list[Path]) -> list[tuple[str, str]]:
     return binds
 
 
-def _kernel_env(env: dict[str, str]) -> dict[str, str]:
+def _kernel_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
     kept = {key: env[key] for key in PASSED_ENV if key in env}
     path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
     return {
@@ -162,7 +162,9 @@ def _kernel_env(env: dict[str, str]) -> dict[str, str]:
         "PATH": path,
         "HOME": "/tmp",
         "TMPDIR": "/tmp",
-        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONPATH": str(IMPORT_ROOT),
+        # explicit: the kernel's folder is not inside the checkout the sandbox shows (no pyproject.toml)
+        "COURSE_DATA_DIR": str(data_dir),
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "IPYTHONDIR": "/tmp/.ipython",
@@ -173,6 +175,23 @@ def _kernel_env(env: dict[str, str]) -> dict[str, str]:
         # it from printing its console banner into the grader's log.
         "JPY_PARENT_PID": "1",
     }
+
+
+def _host_read_only(python: str, workspace: Path) -> list[Path]:
+    """The host paths a kernel sees read-only: the system's folders and ``/etc`` files, the Python
+    installation of ``python``, the package as imported, and ``data/`` and ``build/`` of ``workspace``."""
+    python_dirs = [
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(python).parent,
+    ]
+    top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
+    system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
+    # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
+    # can read them (the capstone's baseline) and never change them.
+    course = [IMPORT_ROOT / "course_lib", workspace / "data", workspace / "build"]
+    return top_dirs + system + python_dirs + course
 
 
 def kernel_view(
@@ -238,22 +257,12 @@ def kernel_view(
     # written would go through folders the sandbox does not show
     python = os.path.abspath(sys.executable)
     kernel_cmd = [python if part == sys.executable else part for part in kernel_cmd]
-    python_dirs = [
-        Path(sys.prefix),
-        Path(sys.base_prefix),
-        Path(sys.exec_prefix),
-        Path(python).parent,
-    ]
     symlinks = [(os.readlink(top), top) for top in TOP_FOLDERS if os.path.islink(top)]
-    top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
-    system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
-    # build/ holds what the lessons built (feature stores, the trained model): read-only, so a problem set
-    # can read them (the capstone's baseline) and never change them.
-    course = [REPO_ROOT / "course_lib", REPO_ROOT / "data", REPO_ROOT / "build"]
+    workspace = course_workspace()
     launcher = [python, "-I", "-c", _LIMITS_LAUNCHER]
     launcher += [str(memory_limit_bytes), str(cpu_limit_s), str(file_size_limit_bytes), str(max_processes)]
     launcher += [SEED_DIR, cwd]
-    read_only = _read_only(top_dirs + system + python_dirs + course)
+    read_only = _read_only(_host_read_only(python, workspace))
     read_only += [(seed_dir, SEED_DIR), (connection_dir, connection_dir)]
     return KernelView(
         read_only=tuple(read_only),
@@ -261,6 +270,6 @@ def kernel_view(
         devices=tuple(dev for dev in DEVICES if os.path.exists(dev)),
         in_memory=tuple(sizes.items()),
         cwd=cwd,
-        env=_kernel_env(dict(os.environ if env is None else env)),
+        env=_kernel_env(dict(os.environ if env is None else env), workspace / "data"),
         command=(*launcher, *kernel_cmd),
     )

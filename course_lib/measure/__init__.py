@@ -1,9 +1,9 @@
 """Layer 4, measuring real servers and models: load generators, knees, histograms, throughput, experiments.
 
 The open-loop load generator and its targets, rate ladders and knees, coordinated omission,
-HdrHistograms, Locust, the load-test server, batching cost and gain, throughput records, GC pauses, the
-lessons' live experiments, Lesson 7's tail experiments (hedging rounds, fan-out, cold starts), and the whole
-service's waterfall (with k6 and the serving peers).
+HdrHistograms, the other load tools (k6, Locust, the client's CPU), batching cost and gain, throughput records,
+GC pauses, the lessons' live experiments, Lesson 7's tail experiments (hedging rounds, fan-out, cold starts),
+and the whole service's waterfall (with the serving peers).
 
 Imports only from the layers below.
 """
@@ -19,8 +19,8 @@ __all__ = [
     "histograms",
     "knee",
     "load_server",
+    "load_tools",
     "loadgen",
-    "locust_runner",
     "rate_sweep",
     "source_loadtest",
     "tail",

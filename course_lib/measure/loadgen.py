@@ -31,12 +31,12 @@ import pandas as pd
 
 from course_lib.core.checks import integer, number, positive_number
 from course_lib.core.percentiles import percentiles, samples_needed
+from course_lib.core.vocabulary import CLIENT_OUTCOMES
 from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import poisson_arrivals_ms
 
 __all__ = [
     "MIN_REQUESTS_P99",
-    "OUTCOMES",
     "SEND_LAG_BOUND_MS",
     "SERVED_FIELDS",
     "SPIN_WINDOW_S",
@@ -45,13 +45,12 @@ __all__ = [
     "outcome_of",
     "run_open_loop",
     "rung_duration_s",
+    "wait_until",
 ]
 
 Send = Callable[[int], Awaitable[Mapping[str, Any] | None]]
 #: What the batcher (and the batching server) report about how each request was served.
 SERVED_FIELDS: tuple[str, ...] = ("queue_wait_ms", "service_ms", "batch_size")
-#: How every request ends: answered (2xx), shed by the server (429/503), timed out, or another error.
-OUTCOMES: tuple[str, ...] = ("ok", "shed", "timeout", "error")
 #: Requests a run needs to judge a p99: 10 / (1 - 0.99) = 1,000 (``course_lib.core.percentiles.samples_needed``).
 MIN_REQUESTS_P99 = samples_needed(99)
 #: Send lag (actual - scheduled send time) p99 above this flags a run as generator-bound (ms).
@@ -65,8 +64,43 @@ SEND_LAG_BOUND_MS = 1.0
 SPIN_WINDOW_S = 0.002
 
 
+async def wait_until(due_s: float, *, spin_s: float, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Wait on the event loop until ``clock()`` reaches ``due_s``, never early; returns the spin's CPU s.
+
+    Sleeps on the loop's timer until ``spin_s`` before ``due_s`` (the loop's timers are coarse: whole
+    milliseconds in uvloop/libuv), then yields to the loop (``asyncio.sleep(0)``, which still handles
+    other tasks' callbacks, e.g. answers) until the instant; with ``spin_s`` > 0 each turn also yields
+    the CPU to other processes (``os.sched_yield``: a busy machine has the server to run). ``spin_s`` 0
+    relies on the timer and yields only for what remains when it wakes early (``SPIN_WINDOW_S`` is the
+    generator processes' choice).
+
+    Parameters
+    ----------
+    due_s : float
+        The instant to wait for, on ``clock``'s scale (s).
+    spin_s : float >= 0
+        The last stretch spent yielding instead of sleeping (s). Not checked here: callers check it.
+    clock : callable returning seconds
+        ``time.perf_counter`` (a run's schedule) or ``time.time`` (an instant several processes share).
+
+    Returns
+    -------
+    float
+        The process CPU seconds (``time.process_time``) spent from the timer's wake-up to the instant.
+    """
+    wait = due_s - clock() - spin_s
+    if wait > 0:
+        await asyncio.sleep(wait)
+    spin_start_s = time.process_time()
+    while clock() < due_s:
+        if spin_s:
+            os.sched_yield()
+        await asyncio.sleep(0)
+    return time.process_time() - spin_start_s
+
+
 def outcome_of(exc: BaseException) -> str:
-    """Which of ``OUTCOMES`` a failed request ends as: ``timeout``, ``shed`` or ``error``.
+    """Which of ``course_lib.core.vocabulary.CLIENT_OUTCOMES`` a failed request ends as: timeout, shed, error.
 
     ``shed`` is a ``course_lib.serving.service.HttpStatusError`` whose status the server answers when
     it sheds load (429, 503: ``.shed``), whichever client raised it (an HTTP target, the hedging
@@ -110,7 +144,8 @@ class LoadResult:
     requests : DataFrame, one row per request sent
         ``request_id``, ``scheduled_ms`` (since the run started), ``lag_ms`` (actual send - scheduled),
         ``latency_ms`` (answer - scheduled; NaN if no answer came), ``ok``, ``outcome`` (one of
-        ``OUTCOMES``), ``error`` (empty when ok), plus one column per field the target returned
+        ``course_lib.core.vocabulary.CLIENT_OUTCOMES``), ``error`` (empty when ok), plus one column per
+        field the target returned
         (e.g. ``queue_wait_ms``, ``batch_size``). A shed request (429/503) keeps its ``latency_ms``:
         the time it took to be refused.
     rate_rps : float
@@ -172,7 +207,7 @@ class LoadResult:
         )
         outcome = req["outcome"] if "outcome" in req.columns else req["ok"].map({True: "ok", False: "error"})
         counts = outcome.value_counts()
-        n = {name: int(counts.get(name, 0)) for name in OUTCOMES}
+        n = {name: int(counts.get(name, 0)) for name in CLIENT_OUTCOMES}
         if sum(n.values()) != sent or sorted(req["request_id"]) != list(range(sent)):
             raise ValueError(f"count in != count out: {sent} rows, outcomes {n}")
         lag_p99 = percentiles(req["lag_ms"].to_numpy(), (99,))["p99"]
@@ -198,6 +233,66 @@ class LoadResult:
         if "queue_wait_ms" in req.columns and len(ok):
             row["p99_queue_wait_ms"] = percentiles(ok["queue_wait_ms"].to_numpy(), (99,))["p99"]
         return row
+
+
+def _send_times_s(
+    rate_rps: float,
+    n_requests: int,
+    seed: int,
+    schedule_ms: Sequence[float] | np.ndarray | None,
+    max_duration_s: float,
+) -> np.ndarray:
+    """A run's intended send times (s from its first send, the first at 0, none after ``max_duration_s``).
+
+    Poisson arrivals at ``rate_rps`` (``seed``), or the first ``n_requests`` of ``schedule_ms``, checked.
+    Raises ValueError for a schedule that is empty, not 1-D, not finite or decreasing.
+    """
+    if schedule_ms is None:
+        schedule_s = poisson_arrivals_ms(rate_rps, n_requests, seed) / 1000.0
+    else:
+        schedule_s = np.asarray(schedule_ms, dtype=float)[:n_requests] / 1000.0
+        if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
+            raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
+        if (np.diff(schedule_s) < 0).any():
+            raise ValueError("schedule_ms must be non-decreasing (intended send times in order)")
+    schedule_s = schedule_s - schedule_s[0]  # first request at t = 0
+    return schedule_s[schedule_s <= max_duration_s]
+
+
+async def _timed_request(
+    send: Send, i: int, scheduled: float, *, start: float, timeout_s: float, clock: Callable[[], float]
+) -> dict[str, Any]:
+    """Send request ``i`` now and return its row: times from its ``scheduled`` instant, and its outcome.
+
+    ``scheduled_ms`` is counted from the run's ``start``, ``lag_ms`` is the send's lateness, and
+    ``latency_ms`` runs from the intended instant (NaN without an answer; a shed keeps its time).
+    """
+    sent = clock()
+    row: dict[str, Any] = {"request_id": i, "scheduled_ms": 1000.0 * (scheduled - start)}
+    row["lag_ms"] = 1000.0 * (sent - scheduled)
+    try:
+        async with asyncio.timeout(timeout_s):
+            fields = await send(i)
+    except TimeoutError:
+        row.update(
+            ok=False,
+            outcome="timeout",
+            error=f"TimeoutError: no answer within {timeout_s:g} s",
+            latency_ms=math.nan,
+        )
+    except Exception as exc:
+        kind = outcome_of(exc)
+        row.update(
+            ok=False,
+            outcome=kind,
+            error=f"{type(exc).__name__}: {str(exc)[:200]}",
+            latency_ms=1000.0 * (clock() - scheduled) if kind == "shed" else math.nan,
+        )
+    else:
+        row.update(ok=True, outcome="ok", error="", latency_ms=1000.0 * (clock() - scheduled))
+        if fields:
+            row.update(fields)
+    return row
 
 
 async def run_open_loop(
@@ -253,61 +348,19 @@ async def run_open_loop(
     timeout = positive_number("request_timeout_s", request_timeout_s)
     spin_s = number("spin_s", spin_s, min=0, max=1, max_open=True)
     n_requests = integer("n_requests", n_requests, min=1)
-    if schedule_ms is None:
-        schedule_s = poisson_arrivals_ms(rate, n_requests, seed) / 1000.0
-    else:
-        schedule_s = np.asarray(schedule_ms, dtype=float)[:n_requests] / 1000.0
-        if schedule_s.ndim != 1 or not schedule_s.size or not np.isfinite(schedule_s).all():
-            raise ValueError("schedule_ms must be a non-empty 1-D array of finite send times in ms")
-        if (np.diff(schedule_s) < 0).any():
-            raise ValueError("schedule_ms must be non-decreasing (intended send times in order)")
-    schedule_s = schedule_s - schedule_s[0]  # first request at t = 0
-    schedule_s = schedule_s[schedule_s <= duration]
+    schedule_s = _send_times_s(rate, n_requests, seed, schedule_ms, duration)
     rows: list[dict[str, Any] | None] = [None] * len(schedule_s)
     clock = time.perf_counter
     start = clock()
 
     async def one(i: int, scheduled: float) -> None:
-        sent = clock()
-        row: dict[str, Any] = {"request_id": i, "scheduled_ms": 1000.0 * (scheduled - start)}
-        row["lag_ms"] = 1000.0 * (sent - scheduled)
-        try:
-            async with asyncio.timeout(timeout):
-                fields = await send(i)
-        except TimeoutError:
-            row.update(
-                ok=False,
-                outcome="timeout",
-                error=f"TimeoutError: no answer within {timeout:g} s",
-                latency_ms=math.nan,
-            )
-        except Exception as exc:
-            kind = outcome_of(exc)
-            row.update(
-                ok=False,
-                outcome=kind,
-                error=f"{type(exc).__name__}: {str(exc)[:200]}",
-                latency_ms=1000.0 * (clock() - scheduled) if kind == "shed" else math.nan,
-            )
-        else:
-            row.update(ok=True, outcome="ok", error="", latency_ms=1000.0 * (clock() - scheduled))
-            if fields:
-                row.update(fields)
-        rows[i] = row
+        rows[i] = await _timed_request(send, i, scheduled, start=start, timeout_s=timeout, clock=clock)
 
     tasks = []
     spin_cpu_s = 0.0  # CPU spent in the last stretch before the sends (other tasks' callbacks run there too)
     for i, offset in enumerate(schedule_s.tolist()):
         due = start + offset
-        wait = due - clock() - spin_s
-        if wait > 0:  # the event loop's timers are coarse (whole milliseconds in uvloop/libuv) ...
-            await asyncio.sleep(wait)
-        spin_start_s = time.process_time()
-        while clock() < due:  # ... so the last stretch yields to the loop until the instant (never early)
-            if spin_s:
-                os.sched_yield()  # and to other processes: a busy 2-core machine has the server to run
-            await asyncio.sleep(0)
-        spin_cpu_s += time.process_time() - spin_start_s
+        spin_cpu_s += await wait_until(due, spin_s=spin_s, clock=clock)
         tasks.append(asyncio.create_task(one(i, due)))
     if tasks:
         await asyncio.gather(*tasks)

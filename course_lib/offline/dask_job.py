@@ -37,9 +37,10 @@ import pyarrow.parquet as pq
 from distributed import Client, LocalCluster
 
 from course_lib.core.checks import integer, one_of
+from course_lib.core.vocabulary import BATCH_RUNTIMES
 from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, score_chunk
 from course_lib.offline.job import claim_output_dir
-from course_lib.offline.scorers import RUNTIMES, ScorerSpec, scorer_spec
+from course_lib.offline.scorers import ScorerSpec, scorer_spec
 from course_lib.offline.store import ChunkPlan, plan_chunks
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def score_on_dask(
     model : course_lib.churn.model.ChurnModel
         Prepared for ``runtime`` here and sent to each worker once.
     client : distributed.Client
-    runtime : one of :data:`course_lib.offline.scorers.RUNTIMES`
+    runtime : one of :data:`course_lib.core.vocabulary.BATCH_RUNTIMES`
     chunk_rows : int, optional
         Rows per task; default the store's row group size (one row group per task).
     threads : int
@@ -139,7 +140,7 @@ def score_on_dask(
     unknown runtime or an output folder that holds another job.
     """
     path = Path(source)
-    one_of("runtime", runtime, RUNTIMES)
+    one_of("runtime", runtime, BATCH_RUNTIMES)
     if not path.is_file():
         raise FileNotFoundError(f"store not found: {path}")
     if path.suffix != ".parquet":

@@ -50,8 +50,9 @@ from tqdm.auto import tqdm
 
 from course_lib.core.bench import usable_cores
 from course_lib.core.checks import integer, one_of
+from course_lib.core.vocabulary import BATCH_RUNTIMES
 from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, peak_rss_mib, reset_peak_rss
-from course_lib.offline.scorers import RUNTIMES, choose_runtime, make_scorer, row_problems, scorer_spec
+from course_lib.offline.scorers import choose_runtime, make_scorer, row_problems, scorer_spec
 from course_lib.offline.store import (
     DEFAULT_CHUNK_ROWS,
     build_parquet_store,
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
-    "RUNTIMES",
     "SOURCE000_ROWS_PER_S",
     "STAGES",
     "JobSummary",
@@ -199,6 +199,42 @@ def _resumed_rows(task: ChunkTask) -> tuple[int, int]:
     return scored, pq.ParquetFile(rejects).metadata.num_rows if rejects.is_file() else 0
 
 
+def _resumed_counts(tasks: list[ChunkTask]) -> dict[str, int]:
+    """The job's row counts before it starts: ``scored``, ``rejected`` and ``resumed_rows`` of the parts
+    already written (a resumed job), ``read`` 0 (rows this run reads)."""
+    counts = {"read": 0, "scored": 0, "rejected": 0, "resumed_rows": 0}
+    for task in tasks:
+        if task.part_path().is_file():
+            scored, rejected = _resumed_rows(task)
+            counts["scored"] += scored
+            counts["rejected"] += rejected
+            counts["resumed_rows"] += scored + rejected
+    return counts
+
+
+@dataclass
+class _Tally:
+    """What the finished chunks add up to, as they arrive (``run_chunks``' ``on_result``): row counts,
+    seconds per stage, each process's peak RSS (MiB) and scorers built, and the progress bar."""
+
+    counts: dict[str, int]
+    bar: tqdm
+    stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    peaks: dict[str, float] = field(default_factory=dict)
+    scorers: dict[str, int] = field(default_factory=dict)
+
+    def record(self, result: ChunkResult) -> None:
+        self.counts["read"] += result.rows
+        self.counts["scored"] += result.scored
+        self.counts["rejected"] += result.rejected
+        for stage, seconds in result.stage_s.items():
+            self.stage_s[stage] += seconds
+        key = "this" if result.pid == os.getpid() else str(result.pid)
+        self.peaks[key] = max(self.peaks.get(key, 0.0), result.peak_rss_mib)
+        self.scorers[key] = result.scorers_built
+        self.bar.update(result.rows)
+
+
 def score_store(
     source: str | Path,
     out_dir: str | Path,
@@ -220,7 +256,7 @@ def score_store(
         Output folder. Re-running with the same folder resumes: chunks whose part file exists are
         skipped; other settings in it are refused (:func:`claim_output_dir`).
     model : course_lib.churn.model.ChurnModel
-    runtime : one of :data:`RUNTIMES`
+    runtime : one of :data:`course_lib.core.vocabulary.BATCH_RUNTIMES`
     chunk_rows : int >= 1
         Rows per chunk (and per part file); a multiple of the store's row group size reads each row
         group once.
@@ -247,7 +283,7 @@ def score_store(
     FileNotFoundError
         If ``source`` does not exist.
     """
-    one_of("runtime", runtime, RUNTIMES)
+    one_of("runtime", runtime, BATCH_RUNTIMES)
     threads = integer("threads", threads, min=1)
     workers = default_workers(threads) if workers is None else integer("workers", workers, min=1)
     plan = plan_chunks(source, chunk_rows)
@@ -258,34 +294,15 @@ def score_store(
     stamp_us = int(stamp.timestamp() * 1_000_000)
     tasks = [ChunkTask(plan, i, str(out), spec, stamp_us) for i in range(plan.n_chunks)]
     todo = [t for t in tasks if not t.part_path().is_file()]
-    counts = {"read": 0, "scored": 0, "rejected": 0, "resumed_rows": 0}
-    for task in tasks:
-        if task.part_path().is_file():
-            scored, rejected = _resumed_rows(task)
-            counts["scored"] += scored
-            counts["rejected"] += rejected
-            counts["resumed_rows"] += scored + rejected
-    stage_s = dict.fromkeys(STAGES, 0.0)
-    peaks: dict[str, float] = {}
-    scorers: dict[str, int] = {}
+    counts = _resumed_counts(tasks)
     bar = tqdm(total=plan.rows, initial=counts["resumed_rows"], unit="rows", unit_scale=True,
                disable=not progress, desc="scoring")  # fmt: skip
-
-    def record(result: ChunkResult) -> None:
-        counts["read"] += result.rows
-        counts["scored"] += result.scored
-        counts["rejected"] += result.rejected
-        for stage, seconds in result.stage_s.items():
-            stage_s[stage] += seconds
-        key = "this" if result.pid == os.getpid() else str(result.pid)
-        peaks[key] = max(peaks.get(key, 0.0), result.peak_rss_mib)
-        scorers[key] = result.scorers_built
-        bar.update(result.rows)
-
+    tally = _Tally(counts, bar)
+    stage_s, peaks, scorers = tally.stage_s, tally.peaks, tally.scorers
     peak_reset = reset_peak_rss()  # "this" process's peak is then the job's, not the caller's lifetime one
     start = time.perf_counter()
     with bar:
-        pool = run_chunks(todo, workers=workers, on_result=record)
+        pool = run_chunks(todo, workers=workers, on_result=tally.record)
     seconds = time.perf_counter() - start
     peaks["this"] = peak_rss_mib()
     summary = JobSummary(
@@ -308,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output folder (re-run the same command to resume)")
-    parser.add_argument("--runtime", choices=[*RUNTIMES, "auto"], default="auto")
+    parser.add_argument("--runtime", choices=[*BATCH_RUNTIMES, "auto"], default="auto")
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS)
     parser.add_argument("--workers", type=int, default=None, help="processes (default: every usable core)")
     parser.add_argument("--threads", type=int, default=1, help="scoring threads per process (default 1)")

@@ -36,6 +36,7 @@ import pyarrow as pa
 from course_lib.churn.data import FEATURE_COLUMNS, ID_COLUMN
 from course_lib.core.bench import compare_latency
 from course_lib.core.checks import integer, one_of
+from course_lib.core.vocabulary import BATCH_RUNTIMES
 from course_lib.offline.compiled import compile_trees, compiled_trees_unavailable, trees_predictor
 from course_lib.offline.rows import Encoding, check_rows, encode_rows, row_problems
 
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from course_lib.churn.model import ChurnModel
 
 __all__ = [
-    "RUNTIMES",
     "ScorerSpec",
     "choose_runtime",
     "make_scorer",
@@ -55,7 +55,6 @@ __all__ = [
     "scorer_spec",
 ]
 
-RUNTIMES = ("xgboost", "onnxruntime", "treelite")
 _ONNX_OPSET = 15  # the highest default-domain opset onnxmltools' XGBoost converter accepts
 
 
@@ -65,7 +64,7 @@ class ScorerSpec:
 
     Attributes
     ----------
-    runtime : one of :data:`RUNTIMES`
+    runtime : one of :data:`course_lib.core.vocabulary.BATCH_RUNTIMES`
     model_version : str
     artifact : bytes or str
         XGBoost: the booster as UBJSON bytes; ONNX Runtime: the ONNX model bytes; treelite: the
@@ -123,7 +122,7 @@ def _served_booster(pipeline: Pipeline) -> xgb.Booster:
 
 def runtime_unavailable(runtime: str) -> str | None:
     """Why ``runtime`` cannot run on this machine (only compiled trees can be missing), or None."""
-    one_of("runtime", runtime, RUNTIMES)
+    one_of("runtime", runtime, BATCH_RUNTIMES)
     return compiled_trees_unavailable() if runtime == "treelite" else None
 
 
@@ -134,7 +133,7 @@ def scorer_spec(model: ChurnModel, runtime: str, *, threads: int = 1) -> ScorerS
     model (the library is cached). Raises ``ValueError`` for an unknown runtime or ``threads < 1``, and
     ``RuntimeError`` if compiled trees are asked for where they are unavailable.
     """
-    one_of("runtime", runtime, RUNTIMES)
+    one_of("runtime", runtime, BATCH_RUNTIMES)
     threads = integer("threads", threads, min=1)
     encoding = Encoding.from_pipeline(model.pipeline)
     booster = _served_booster(model.pipeline)
@@ -197,7 +196,7 @@ def choose_runtime(
     """
     integer("rounds", rounds, min=1)
     specs, notes = {}, {}
-    for runtime in RUNTIMES:
+    for runtime in BATCH_RUNTIMES:
         notes[runtime] = runtime_unavailable(runtime) or ""
         if not notes[runtime]:
             specs[runtime] = scorer_spec(model, runtime, threads=threads)
@@ -216,11 +215,11 @@ def choose_runtime(
         warmup_calls=1,
         items_per_call=len(X),
     )
-    table = table.reindex(list(RUNTIMES))
+    table = table.reindex(list(BATCH_RUNTIMES))
     table.index.name = "runtime"
     table["rows_per_s"] = 1e6 / table["us_per_item"]
     table["max_abs_diff"] = [
-        float(np.abs(scorers[r](X) - reference).max()) if r in scorers else np.nan for r in RUNTIMES
+        float(np.abs(scorers[r](X) - reference).max()) if r in scorers else np.nan for r in BATCH_RUNTIMES
     ]
-    table["note"] = [notes[r] for r in RUNTIMES]
+    table["note"] = [notes[r] for r in BATCH_RUNTIMES]
     return str(table["median_us"].idxmin()), table

@@ -70,6 +70,77 @@ class PoolStats(TypedDict):
     first_worker_result_s: float
 
 
+class _SharedQueue:
+    """``run_chunks``' tasks shared by this process and the worker pool: who takes the next chunk, and
+    the workers' results handed back to this thread (``on_result`` is only ever called here).
+
+    ``outstanding`` counts the chunks handed to the pool whose result this thread has not collected; it
+    is counted before the chunk is submitted, so :meth:`collect` waits for it. ``stop`` (set after an
+    error) hands out no new chunk. ``first_s``: seconds from ``start`` to a worker's first finished chunk.
+    """
+
+    def __init__(
+        self,
+        todo: collections.deque[ChunkTask],
+        pool: ProcessPoolExecutor,
+        on_result: Callable[[ChunkResult], None],
+        start: float,
+    ) -> None:
+        self.todo, self.pool, self.on_result, self.start = todo, pool, on_result, start
+        self.lock = threading.Lock()
+        self.done: queue.SimpleQueue[Future[ChunkResult]] = queue.SimpleQueue()
+        self.outstanding = 0
+        self.stop = False
+        self.first_s = float("nan")
+
+    def take(self, *, for_pool: bool) -> ChunkTask | None:
+        with self.lock:
+            if not self.todo or self.stop:
+                return None
+            self.outstanding += for_pool  # counted before it is submitted, so collect() waits for it
+            return self.todo.popleft()
+
+    def feed(self) -> None:  # runs at the start, then in the pool's thread as each worker finishes
+        task = self.take(for_pool=True)
+        if task is None:
+            return
+        try:
+            future = self.pool.submit(score_chunk, task)
+        except Exception as error:  # a broken pool, one shutting down after an error, a failed start
+            future = Future()
+            future.set_exception(error)  # counted as outstanding: collect() raises it
+        future.add_done_callback(self.finished)
+
+    def start_workers(self, n_workers: int) -> None:
+        # The first submit starts the worker processes and waits for the fork server, which may still
+        # be importing its modules; in a thread of its own, that wait overlaps this process's scoring.
+        for _ in range(n_workers):
+            self.feed()
+
+    def finished(self, future: Future) -> None:  # in the pool's thread, the moment a worker's chunk ends
+        ok = not future.cancelled() and future.exception() is None
+        with self.lock:
+            if ok and math.isnan(self.first_s):
+                self.first_s = time.perf_counter() - self.start
+        self.done.put(future)
+        if ok:
+            self.feed()
+
+    def collect(self, block: bool) -> None:
+        """Give the results that arrived (``block``: all outstanding) to ``on_result``; raise an error."""
+        while self.outstanding:
+            try:
+                future = self.done.get(block=block)
+            except queue.Empty:
+                return
+            with self.lock:
+                self.outstanding -= 1
+            error = future.exception()
+            if error is not None:
+                raise error
+            self.on_result(future.result())
+
+
 def run_chunks(
     tasks: Sequence[ChunkTask], *, workers: int, on_result: Callable[[ChunkResult], None]
 ) -> PoolStats:
@@ -107,71 +178,22 @@ def run_chunks(
         while todo:
             on_result(score_chunk(todo.popleft()))
         return {"worker_processes": 0, "first_worker_result_s": float("nan")}
-    lock = threading.Lock()
-    done: queue.SimpleQueue[Future[ChunkResult]] = queue.SimpleQueue()
-    state = {"outstanding": 0, "stop": False, "first": float("nan")}
-    pool = worker_pool(extra)
-
-    def take(*, for_pool: bool) -> ChunkTask | None:
-        with lock:
-            if not todo or state["stop"]:
-                return None
-            state["outstanding"] += for_pool  # counted before it is submitted, so collect() waits for it
-            return todo.popleft()
-
-    def feed() -> None:  # runs here at the start, then in the pool's thread as each worker finishes
-        task = take(for_pool=True)
-        if task is None:
-            return
-        try:
-            future = pool.submit(score_chunk, task)
-        except Exception as error:  # a broken pool, one shutting down after an error, a failed start
-            future = Future()
-            future.set_exception(error)  # counted as outstanding: collect() raises it
-        future.add_done_callback(finished)
-
-    def start_workers() -> None:
-        # The first submit starts the worker processes and waits for the fork server, which may still
-        # be importing its modules; in a thread of its own, that wait overlaps this process's scoring.
-        for _ in range(extra):
-            feed()
-
-    def finished(future: Future) -> None:  # in the pool's thread, the moment a worker's chunk ends
-        ok = not future.cancelled() and future.exception() is None
-        with lock:
-            if ok and math.isnan(state["first"]):
-                state["first"] = time.perf_counter() - start
-        done.put(future)
-        if ok:
-            feed()
-
-    def collect(block: bool) -> None:
-        while state["outstanding"]:
-            try:
-                future = done.get(block=block)
-            except queue.Empty:
-                return
-            with lock:
-                state["outstanding"] -= 1
-            error = future.exception()
-            if error is not None:
-                raise error
-            on_result(future.result())
-
-    starter = threading.Thread(target=start_workers, name="start-workers", daemon=True)
+    shared = _SharedQueue(todo, worker_pool(extra), on_result, start)
+    starter = threading.Thread(target=shared.start_workers, args=(extra,), name="start-workers", daemon=True)
     try:
         starter.start()
-        while (task := take(for_pool=False)) is not None:
+        while (task := shared.take(for_pool=False)) is not None:
             on_result(score_chunk(task))
-            collect(block=False)
+            shared.collect(block=False)
         starter.join()  # every task it took is counted as outstanding before collect() waits for it
-        collect(block=True)
+        shared.collect(block=True)
     except BaseException:
-        with lock:
-            state["stop"] = True
+        with shared.lock:
+            shared.stop = True
         if starter.is_alive():
             starter.join()
-        pool.shutdown(wait=True, cancel_futures=True)  # chunks in flight finish; their parts stay valid
+        # chunks in flight finish; their parts stay valid
+        shared.pool.shutdown(wait=True, cancel_futures=True)
         raise
-    pool.shutdown(wait=True)
-    return {"worker_processes": extra, "first_worker_result_s": state["first"]}
+    shared.pool.shutdown(wait=True)
+    return {"worker_processes": extra, "first_worker_result_s": shared.first_s}

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core.checks import InvalidArgumentError, number, positive_number
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import package_file
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S, SLO_P95_S, extrapolated_rate, histogram_quantile
 
 __all__ = [
@@ -43,7 +43,8 @@ __all__ = [
     "simulate_incident",
 ]
 
-PROMETHEUS_DIR = REPO_ROOT / "prometheus"
+#: The rules and their promtool tests, shipped inside the package (``prometheus/`` in a checkout links here).
+PROMETHEUS_DIR = package_file("course_lib.operate", "prometheus_rules")
 SCRAPE_INTERVAL_S = 15
 RATE_RANGE_S = 300.0
 REQUESTS = "churn_requests_total"

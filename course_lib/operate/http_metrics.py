@@ -21,7 +21,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from course_lib.serving.server import LATENCY_BUCKETS_S, OUTCOMES, DoorCounters
+from course_lib.core.vocabulary import SERVER_OUTCOMES
+from course_lib.serving.server import LATENCY_BUCKETS_S, DoorCounters
 
 __all__ = ["DoorCollector"]
 
@@ -39,7 +40,7 @@ class DoorCollector:
             "Requests by what their client saw, counted at the server's door",
             labels=["outcome"],
         )
-        for outcome in OUTCOMES:
+        for outcome in SERVER_OUTCOMES:
             family.add_metric([outcome], float(getattr(c, outcome)))
         yield family
         cumulative, buckets = 0, []

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,6 +54,37 @@ def _fmt_minutes(t_s: float) -> str:
 
 def _selector(name: str, labels: Mapping[str, str]) -> str:
     return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _checks_at(
+    t: float, now: list[tuple[str, Labels, str]], mine: dict[str, AlertRule]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """At instant ``t`` (s) with the alert states ``now``: one ``alert_rule_test`` per rule of ``mine``
+    (its firing alerts) and the ``promql_expr_test`` of the pending ones (the ``ALERTS`` series)."""
+    alert_tests = []
+    for rule in mine.values():
+        exp = [
+            {
+                "exp_labels": {**rule.labels, **dict(labels)},
+                "exp_annotations": {"summary": rule.summary.format(version=dict(labels).get("version", ""))},
+            }
+            for alert, labels, state in now
+            if alert == rule.name and state == "firing"
+        ]
+        alert_tests.append({"eval_time": _fmt_minutes(t), "alertname": rule.name, "exp_alerts": exp})
+    pending = [
+        {
+            "labels": _selector(
+                "ALERTS",
+                {"alertname": alert, "alertstate": "pending", **mine[alert].labels, **dict(labels)},
+            ),
+            "value": 1,
+        }
+        for alert, labels, state in now
+        if state == "pending"
+    ]
+    expr = {"expr": 'ALERTS{alertstate="pending"}', "eval_time": _fmt_minutes(t), "exp_samples": pending}
+    return alert_tests, expr
 
 
 def promtool_test_file(
@@ -96,32 +128,9 @@ def promtool_test_file(
         now = sorted(states(closed, t))
         if set(now) != states(opened, t):
             continue
-        for rule in mine.values():
-            exp = [
-                {
-                    "exp_labels": {**rule.labels, **dict(labels)},
-                    "exp_annotations": {
-                        "summary": rule.summary.format(version=dict(labels).get("version", ""))
-                    },
-                }
-                for alert, labels, state in now
-                if alert == rule.name and state == "firing"
-            ]
-            alert_tests.append({"eval_time": _fmt_minutes(t), "alertname": rule.name, "exp_alerts": exp})
-        pending = [
-            {
-                "labels": _selector(
-                    "ALERTS",
-                    {"alertname": alert, "alertstate": "pending", **mine[alert].labels, **dict(labels)},
-                ),
-                "value": 1,
-            }
-            for alert, labels, state in now
-            if state == "pending"
-        ]
-        expr_tests.append(
-            {"expr": 'ALERTS{alertstate="pending"}', "eval_time": _fmt_minutes(t), "exp_samples": pending}
-        )
+        alerts, pending = _checks_at(t, now, mine)
+        alert_tests += alerts
+        expr_tests.append(pending)
     doc = {
         "rule_files": [f"../{rule_file}"],
         "evaluation_interval": f"{SCRAPE_INTERVAL_S}s",

@@ -100,6 +100,16 @@ def serve_null(*, lifetime_s: float = 120.0) -> Iterator[str]:
         yield urls["null"]
 
 
+def _ladder_rates(rates_rps: Sequence[float]) -> list[float]:
+    """``rates_rps`` checked (a list, tuple or range of distinct rates in (0, ``MAX_RATE_RPS``]), sorted."""
+    listed: list[object] = list(
+        non_empty("rates_rps", instance_of("rates_rps", rates_rps, (list, tuple, range)))
+    )
+    return distinct("rates_rps", sorted(
+        number(f"rates_rps[{i}]", r, min=0, min_open=True, max=MAX_RATE_RPS, unit="req/s") for i, r in enumerate(listed)
+    ))  # fmt: skip
+
+
 def generator_limit(
     pool: GeneratorPool,
     null_url: str,
@@ -144,12 +154,7 @@ def generator_limit(
     InvalidArgumentError (a ValueError)
         For any argument outside what is allowed above, before anything is sent.
     """
-    listed: list[object] = list(
-        non_empty("rates_rps", instance_of("rates_rps", rates_rps, (list, tuple, range)))
-    )
-    rates = distinct("rates_rps", sorted(
-        number(f"rates_rps[{i}]", r, min=0, min_open=True, max=MAX_RATE_RPS, unit="req/s") for i, r in enumerate(listed)
-    ))  # fmt: skip
+    rates = _ladder_rates(rates_rps)
     retries = integer("retries", retries, min=0)
     min_requests = integer("min_requests", min_requests, min=1)
     duration_s = positive_number("duration_s", duration_s, unit="s")

@@ -6,7 +6,6 @@ Why several processes, how they exit with their parent, and the sources: the pac
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import math
 import multiprocessing
@@ -21,7 +20,7 @@ import pandas as pd
 
 from course_lib.core.checks import integer, number, positive_number
 from course_lib.core.process import exit_with_parent
-from course_lib.measure.loadgen import SPIN_WINDOW_S, LoadResult, run_open_loop
+from course_lib.measure.loadgen import SPIN_WINDOW_S, LoadResult, run_open_loop, wait_until
 from course_lib.measure.targets import wire_target
 
 
@@ -48,11 +47,9 @@ def _run_one(spec: dict[str, Any]) -> dict[str, Any]:
             open_timeout_s=spec["request_timeout_s"],
         )  # fmt: skip
         async with target() as send:
-            delay = spec["start_at"] - time.time() - spec["spin_s"]
-            if delay > 0:
-                await asyncio.sleep(delay)  # coarse timer, then the exact instant (as run_open_loop does)
-            while time.time() < spec["start_at"]:
-                await asyncio.sleep(0)
+            await wait_until(
+                spec["start_at"], spin_s=spec["spin_s"], clock=time.time
+            )  # as run_open_loop does
             late_ms = max(0.0, 1000.0 * (time.time() - spec["start_at"]))
             cpu_start_s = time.process_time()
             result = await run_open_loop(

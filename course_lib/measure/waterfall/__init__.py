@@ -7,15 +7,13 @@
 * ``_record``: ``save_waterfall`` / ``load_waterfall`` (``data/measurements/service_waterfall.json``);
 * ``_bench``: ``WATERFALL`` (the steps), ``SERVERS``, ``run_waterfall`` (servers, ``Server-Timing``
   ceilings, knees, a like-for-like p99);
-* ``_k6``: ``run_k6``, Grafana k6 on ``loadtests/churn.js`` in a bounded subprocess, and its summary;
 * ``_tools``: ``tool_comparison`` (k6 beside the course generator, taking turns, repeated) and
   ``tool_agreement`` (their knees and p50s);
 * ``_spin``: ``spin_comparison`` / ``spin_table`` / ``spin_verdict`` (the course generator with and without its spin beside k6,
   below the knee), ``save_tool_wire_p50`` / ``load_tool_wire_p50`` (``data/measurements/tool_wire_p50.json``);
-* ``_client_cpu``: each load tool's CPU per request (k6 and the course generator, open loop at the same
-  rate), ``save_client_cpu`` / ``load_client_cpu`` (``data/measurements/client_cpu.json``);
 * ``_peers``: ``PEERS`` (BentoML, LitServe, granian on the same work) and ``save_peers`` / ``load_peers``.
 
+k6 itself, Locust and each load tool's CPU per request are ``course_lib.measure.load_tools``.
 ``benchmarks/service_waterfall.py`` and ``benchmarks/serving_peers.py`` record the full runs; Lessons 5,
 6 and 12 read them, and Lessons 6 and 12 run short versions.
 """
@@ -33,16 +31,6 @@ from course_lib.measure.waterfall._bench import (
     in_process_ceiling,
     run_waterfall,
 )
-from course_lib.measure.waterfall._client_cpu import (
-    LOAD_TOOLS,
-    RECORDED_CLIENT_CPU,
-    ClientCpuRecord,
-    client_cpu_table,
-    generator_cpu_s_per_request,
-    k6_cpu_s_per_request,
-    load_client_cpu,
-    save_client_cpu,
-)
 from course_lib.measure.waterfall._climb import (
     LADDER_RATIO,
     WaterfallStep,
@@ -53,15 +41,6 @@ from course_lib.measure.waterfall._climb import (
     lever_table,
     lever_verdict,
     start_rungs,
-)
-from course_lib.measure.waterfall._k6 import (
-    K6_SCRIPT,
-    MEASURED_SCENARIO,
-    K6Result,
-    k6_binary,
-    k6_version,
-    parse_k6_summary,
-    run_k6,
 )
 from course_lib.measure.waterfall._peers import (
     PEERS,
@@ -98,52 +77,37 @@ from course_lib.measure.waterfall._tools import (
 __all__ = [
     "AGREEMENT_TOLERANCE",
     "FLOOR_STEP",
-    "K6_SCRIPT",
     "LADDER_RATIO",
-    "LOAD_TOOLS",
-    "MEASURED_SCENARIO",
     "MIN_REQUESTS_P99",
     "PEERS",
     "PEERS_VENV",
     "PRODUCTION_STEP",
     "PROTOTYPE_STEP",
-    "RECORDED_CLIENT_CPU",
     "RECORDED_PEERS",
     "RECORDED_TOOL_WIRE_P50",
     "RECORDED_WATERFALL",
     "SERVERS",
     "TOOLS",
     "WATERFALL",
-    "ClientCpuRecord",
-    "K6Result",
     "PeerSpec",
     "PeersRecord",
     "ToolWireP50Record",
     "WaterfallRecord",
     "WaterfallRun",
     "WaterfallStep",
-    "client_cpu_table",
     "floor_model",
-    "generator_cpu_s_per_request",
     "geometric_ladder",
     "in_process_ceiling",
     "interleaved_climb",
-    "k6_binary",
-    "k6_cpu_s_per_request",
-    "k6_version",
     "knees",
     "lever_table",
     "lever_verdict",
-    "load_client_cpu",
     "load_peers",
     "load_tool_wire_p50",
     "load_waterfall",
-    "parse_k6_summary",
     "peer_command",
-    "run_k6",
     "run_waterfall",
     "rung_duration_s",
-    "save_client_cpu",
     "save_peers",
     "save_tool_wire_p50",
     "save_waterfall",

@@ -26,14 +26,18 @@ import pandas as pd
 
 from course_lib.churn.data import DATA_DIR
 from course_lib.core.affinity import pinned_text
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import course_workspace
 from course_lib.core.guard import guard_command
 from course_lib.measure.capacity_record import read_measurement, write_measurement
 from course_lib.measure.waterfall._record import table_from_rows, table_rows
 
 RECORDED_PEERS = DATA_DIR / "measurements" / "serving_peers.json"
-#: The peers' virtual environment (ignored by git).
-PEERS_VENV = REPO_ROOT / ".venv-peers"
+#: The course checkout the peers run in (at or above the current working directory): BentoML's working
+#: directory, and where ``make peers`` makes their virtual environment.
+_CHECKOUT = course_workspace()
+#: The peers' virtual environment (ignored by git): ``.venv-peers`` of that checkout
+#: (``benchmarks/serving_peers.py --python`` takes another).
+PEERS_VENV = _CHECKOUT / ".venv-peers"
 _SCHEMA = "inference-workbook/serving-peers/1"
 
 
@@ -53,7 +57,7 @@ PEERS: tuple[PeerSpec, ...] = (
     PeerSpec(
         "BentoML", "bentoml",
         ("-m", "bentoml", "serve", "benchmarks.peers.bento_service:Churn", "--host", "127.0.0.1",
-         "--working-dir", str(REPO_ROOT)),
+         "--working-dir", str(_CHECKOUT)),
         "/score", "/readyz",
     ),
     PeerSpec("LitServe", "litserve", ("-m", "benchmarks.peers.litserve_server"), "/score", "/healthz"),

@@ -8,7 +8,7 @@ a rate it missed on every try, and the climb is repeated ``repeats`` times. :fun
 each tool's knee per repeat (the highest rate met with every lower rate met too), their medians and
 ranges, and the two tools' p50s at the rates both met.
 
-Each tool keeps its own definition of latency (see ``course_lib.measure.waterfall._k6``); the like-for-like
+Each tool keeps its own definition of latency (see ``course_lib.measure.load_tools.k6``); the like-for-like
 figure is the time on the wire, from a request's write to its answer's last byte (k6's
 ``http_req_duration``, the wire client's ``wire_ms``). Both open keep-alive connections before the measured
 run (the generator 8 per process, ``warm_connections``, and more during the run when more requests are in
@@ -34,9 +34,9 @@ from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.knee import step_row
+from course_lib.measure.load_tools.k6 import run_k6
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, SPIN_WINDOW_S, rung_duration_s
 from course_lib.measure.targets import WIRE_FIELD
-from course_lib.measure.waterfall._k6 import run_k6
 
 #: The two tools, in the order they take turns at repeat 0.
 TOOLS = ("course generator", "k6")

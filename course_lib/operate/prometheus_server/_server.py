@@ -253,6 +253,57 @@ def _start(
     return guard, str(server._get("/api/v1/status/buildinfo").get("version", ""))
 
 
+def _start_on_a_free_port(
+    path: str, folder: Path, config: dict[str, Any], startup_timeout_s: float
+) -> tuple[ChildProcess, str, int]:
+    """Start Prometheus (``path``) in ``folder`` with ``config`` on a free port: ``(guard, version, port)``.
+
+    A free port can be taken before the server binds it, so up to ``_START_ATTEMPTS`` ports are tried.
+    On any failure ``folder`` is removed and the error raised (``PrometheusUnavailableError`` when every
+    port was taken).
+    """
+    config_path = folder / "prometheus.yml"
+    try:
+        for attempt in range(_START_ATTEMPTS):
+            folder.mkdir(exist_ok=True)  # the guard of a failed attempt removes the folder as it stops
+            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+            port = free_port()
+            try:
+                guard, version = _start(path, folder, config_path, port, startup_timeout_s)
+                return guard, version, port
+            except _PortTakenError as err:
+                if attempt == _START_ATTEMPTS - 1:
+                    raise PrometheusUnavailableError(
+                        f"no free port after {_START_ATTEMPTS} attempts: {err}"
+                    ) from None
+                shutil.rmtree(folder / "data", ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _wait_for_first_scrape(server: PrometheusServer, n_targets: int, timeout_s: float) -> None:
+    """Wait until ``server`` has scraped each of its ``n_targets`` targets successfully (``health`` up).
+
+    Raises ``PrometheusUnavailableError`` (with each target's state) if that takes over ``timeout_s``.
+    """
+
+    def all_up() -> bool:
+        found = server.targets()
+        return len(found) == n_targets and all(t["health"] == "up" for t in found)
+
+    try:
+        wait_until(
+            all_up, timeout_s=timeout_s, what="Prometheus's first scrape of every target", interval_s=0.1
+        )
+    except TimeoutError:
+        raise PrometheusUnavailableError(
+            f"Prometheus did not scrape every target within {timeout_s:g} s: "
+            f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in server.targets()]}"
+        ) from None
+
+
 @contextmanager
 def prometheus_server(
     targets: Sequence[str],
@@ -304,47 +355,14 @@ def prometheus_server(
     if path is None:
         raise PrometheusUnavailableError(prometheus_unavailable_reason(executable) or "prometheus not found")
     folder = Path(tempfile.mkdtemp(prefix="course-prometheus-"))
-    config_path = folder / "prometheus.yml"
-    try:
-        for attempt in range(_START_ATTEMPTS):  # a free port can be taken before the server binds it
-            folder.mkdir(exist_ok=True)  # the guard of a failed attempt removes the folder as it stops
-            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-            port = free_port()
-            try:
-                guard, version = _start(path, folder, config_path, port, startup_timeout_s)
-                break
-            except _PortTakenError as err:
-                if attempt == _START_ATTEMPTS - 1:
-                    raise PrometheusUnavailableError(
-                        f"no free port after {_START_ATTEMPTS} attempts: {err}"
-                    ) from None
-                shutil.rmtree(folder / "data", ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    guard, version, port = _start_on_a_free_port(path, folder, config, startup_timeout_s)
     server = PrometheusServer(path, guard, folder, port, float(scrape_interval_s), version)
     watchdog = threading.Timer(max_lifetime_s, server.stop)
     watchdog.daemon = True
     watchdog.start()
     try:
         if wait_for_first_scrape:
-
-            def all_up() -> bool:
-                found = server.targets()
-                return len(found) == len(targets) and all(t["health"] == "up" for t in found)
-
-            try:
-                wait_until(
-                    all_up,
-                    timeout_s=startup_timeout_s,
-                    what="Prometheus's first scrape of every target",
-                    interval_s=0.1,
-                )
-            except TimeoutError:
-                raise PrometheusUnavailableError(
-                    f"Prometheus did not scrape every target within {startup_timeout_s:g} s: "
-                    f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in server.targets()]}"
-                ) from None
+            _wait_for_first_scrape(server, len(targets), startup_timeout_s)
         yield server
     finally:
         watchdog.cancel()

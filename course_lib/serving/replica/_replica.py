@@ -52,7 +52,7 @@ from typing import Any
 import httpx
 
 from course_lib.core.checks import InvalidArgumentError, positive_number
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import IMPORT_ROOT
 from course_lib.core.process import ChildProcess, start_child
 from course_lib.serving.production import PRODUCTION
 from course_lib.serving.replica._middleware import (
@@ -291,7 +291,7 @@ def start_replica(
         "--warmup-requests", str(config.warmup_requests), *to_argv(limits),
     ]  # fmt: skip
     cmd += ["--gc-freeze"] * config.gc_freeze + ["--lazy-load"] * lazy_load
-    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(IMPORT_ROOT), os.environ.get("PYTHONPATH")]))
     started = time.perf_counter()
     child = start_child(cmd, name="replica", env={"PYTHONPATH": path}, stdout=subprocess.PIPE)
     deadline = time.monotonic() + startup_timeout_s

@@ -43,7 +43,18 @@ from course_lib.churn.data import DATA_DIR
 from course_lib.core.checks import integer, non_empty, number, one_of, positive_number
 from course_lib.measure.capacity_record import read_rows_measurement, write_measurement
 from course_lib.measure.generators import GeneratorPool
-from course_lib.measure.waterfall._k6 import run_k6
+from course_lib.measure.load_tools.k6 import run_k6
+
+__all__ = [
+    "LOAD_TOOLS",
+    "RECORDED_CLIENT_CPU",
+    "ClientCpuRecord",
+    "client_cpu_table",
+    "generator_cpu_s_per_request",
+    "k6_cpu_s_per_request",
+    "load_client_cpu",
+    "save_client_cpu",
+]
 
 RECORDED_CLIENT_CPU = DATA_DIR / "measurements" / "client_cpu.json"
 _SCHEMA = "inference-workbook/client-cpu/1"

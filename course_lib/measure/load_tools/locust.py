@@ -1,6 +1,8 @@
 """Locust, the tool people use: run it headless in a bounded subprocess, read its CSV, know its rounding.
 
-``run_locust`` starts ``locust --headless -u U -r R -t T --csv PREFIX`` on ``loadtests/locustfile.py``
+``run_locust`` starts ``locust --headless -u U -r R -t T --csv PREFIX`` on :data:`LOCUSTFILE`
+(``scripts/locustfile.py`` in this package, shipped as package data; ``loadtests/locustfile.py`` in a
+checkout links to it)
 in a subprocess that stops after its run time (``-t`` plus ``--stop-timeout``), is killed if it
 overruns, and dies with the process that started it (it runs under the course's process guard,
 ``python -m course_lib.core.guard``). ``read_locust_stats`` reads the ``_stats.csv`` back.
@@ -56,7 +58,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.core import checks
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import IMPORT_ROOT, package_file
 from course_lib.core.guard import guard_command
 from course_lib.core.process import child_env
 
@@ -71,8 +73,8 @@ __all__ = [
     "run_locust",
 ]
 
-#: The course's locustfile.
-LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
+#: The course's locustfile, shipped inside this package (a checkout's ``loadtests/locustfile.py`` links here).
+LOCUSTFILE = package_file("course_lib.measure.load_tools", "scripts", "locustfile.py")
 
 
 def bucket_response_time_ms(response_time_ms: float) -> int:
@@ -311,7 +313,7 @@ def run_locust(
         "-t", f"{run_time_s}s", "--stop-timeout", str(stop_timeout_s), "--csv", str(csv_prefix),
         "--only-summary", "--loglevel", "ERROR", "--exit-code-on-error", "0",
     ]  # fmt: skip
-    root = str(REPO_ROOT)  # the locustfile imports this checkout's course_lib
+    root = str(IMPORT_ROOT)  # the locustfile imports this same course_lib
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))
     deadline = run_time_s + stop_timeout_s + 60
     try:

