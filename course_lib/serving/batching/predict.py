@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import sys
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -46,13 +45,7 @@ from course_lib.churn.data import FEATURE_COLUMNS
 from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 from course_lib.churn.model import load_or_train_churn_model
 from course_lib.core.checks import one_of
-from course_lib.serving.batching.batcher import (
-    BatchedResult,
-    BatcherClosedError,
-    BatchScoringError,
-    DynamicBatcher,
-    QueueFullError,
-)
+from course_lib.serving.batching.batcher import BatchedResult, DynamicBatcher
 from course_lib.serving.feature_store import (
     DEFAULT_N_CUSTOMERS,
     DEFAULT_SEED,
@@ -72,17 +65,18 @@ from course_lib.serving.server import (
     to_argv,
 )
 from course_lib.serving.service import (
+    AsyncForward,
     ChurnService,
-    RequestError,
+    Record,
     check_still_wanted,
     create_app,
     native_forward,
     onnx_forward,
-    refuse,
 )
 
 __all__ = [
     "RUNTIMES",
+    "batched_forward",
     "churn_service",
     "create_batched_app",
     "customer_key",
@@ -93,7 +87,6 @@ __all__ = [
 #: The two model runtimes: the native scikit-learn + XGBoost pipeline, and ONNX Runtime.
 RUNTIMES: tuple[str, ...] = ("xgboost", "onnxruntime")
 Runtime = Literal["xgboost", "onnxruntime"]
-_log = logging.getLogger("course_lib.serving.batching.predict")
 
 
 def customer_key(record: Mapping[str, Any]) -> Hashable:
@@ -158,6 +151,55 @@ def churn_service(
         lookup_mode=lookup_mode,
         runtime=runtime,
     )
+
+
+def batched_forward(
+    batcher: DynamicBatcher[Record, Any], served: list[BatchedResult] | None = None
+) -> AsyncForward:
+    """The forward stage that scores the request's one record through ``batcher``.
+
+    Right before the record joins the queue it checks that the request is still wanted
+    (``check_still_wanted``); it starts the batcher if nothing has yet (``start`` is idempotent; a
+    server run without lifespan events needs it).
+
+    Parameters
+    ----------
+    batcher : DynamicBatcher
+        Scores batches of records (its score function: records -> probabilities).
+    served : list, optional
+        Each ``BatchedResult`` is appended to it (how the request was batched, for the answer).
+
+    Returns
+    -------
+    async callable, records -> [probability]
+        For ``ChurnService.handle_async(body, forward=...)``. It raises what ``submit`` raises
+        (``QueueFullError``, ``BatcherClosedError``, ``BatchScoringError``; ``error_answer`` maps
+        them) and ``ClientGoneError`` / ``DeadlineExceededError`` from the check.
+    """
+
+    async def forward(records: list[Record]) -> list[Any]:
+        check_still_wanted()  # the client has not left and the deadline has not passed
+        await batcher.start()
+        result = await batcher.submit(records[0])
+        if served is not None:
+            served.append(result)
+        return [result.value]
+
+    return forward
+
+
+def _with_batch_fields(answer: bytes, result: BatchedResult) -> bytes:
+    """The Lesson 2 answer plus how the request was batched (``/predict``'s fields)."""
+    fields = json.loads(answer)
+    fields.update(
+        queue_wait_ms=round(result.queue_wait_ms, 4),
+        service_ms=round(result.service_ms, 4),
+        batch_size=result.batch_size,
+        batch_requests=result.batch_requests,
+        deduplicated=result.deduplicated,
+        trigger=result.trigger,
+    )
+    return json.dumps(fields).encode()
 
 
 def create_batched_app(
@@ -236,47 +278,12 @@ def create_batched_app(
 
     app.router.lifespan_context = lifespan
 
-    def queue_full() -> Response:
-        return refuse(
-            RequestError(
-                503, "queue_full", f"the batcher's queue is full ({batcher.max_queue_size} requests)"
-            ),
-            {"retry-after": "1"},
-        )
-
     async def predict_body(body: bytes) -> Response:
         served: list[BatchedResult] = []
-
-        async def batched_forward(records: list[dict[str, object]]) -> list[float]:
-            check_still_wanted()  # the client has not left and the deadline has not passed
-            result = await batcher.submit(records[0])
-            served.append(result)
-            return [result.value]
-
-        try:
-            out = await service.handle_async(body, forward=batched_forward)
-        except QueueFullError:
-            return queue_full()
-        except BatcherClosedError:
-            return refuse(
-                RequestError(503, "shutting_down", "the server is shutting down"), {"retry-after": "1"}
-            )
-        except BatchScoringError:
-            _log.exception("model call failed")
-            return refuse(RequestError(500, "model_error", "the model call for this request's batch failed"))
+        out = await service.handle_async(body, forward=batched_forward(batcher, served))
         if out.status_code != 200 or not served:
             return Response(out.body, status_code=out.status_code, headers=out.headers)
-        result = served[0]
-        answer = json.loads(out.body)
-        answer.update(
-            queue_wait_ms=round(result.queue_wait_ms, 4),
-            service_ms=round(result.service_ms, 4),
-            batch_size=result.batch_size,
-            batch_requests=result.batch_requests,
-            deduplicated=result.deduplicated,
-            trigger=result.trigger,
-        )
-        return Response(json.dumps(answer).encode(), status_code=200, headers=out.headers)
+        return Response(_with_batch_fields(out.body, served[0]), status_code=200, headers=out.headers)
 
     @app.post("/predict")
     async def predict(request: Request) -> Response:

@@ -37,10 +37,9 @@ documentation ("Instrumenting", multiprocess caveats). W3C, "Server Timing".
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -52,30 +51,26 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.middleware import Middleware
 
-from course_lib.serving.batching.batcher import BatcherClosedError, DynamicBatcher, QueueFullError
-from course_lib.serving.batching.predict import customer_key
+from course_lib.serving.batching.batcher import BatchedResult, DynamicBatcher
+from course_lib.serving.batching.predict import batched_forward, customer_key
 from course_lib.serving.feature_store import DEFAULT_N_CUSTOMERS, customer_id
 from course_lib.serving.production._config import OFF_LOOP_ABOVE_MS, PRODUCTION, ProductionConfig
 from course_lib.serving.production._service import ProductionService, build_service, forward_cost_ms
 from course_lib.serving.server import DEFAULTS, door_counters
 from course_lib.serving.service import (
     AppCounters,
-    ClientGoneError,
-    DeadlineExceededError,
     Record,
     RequestError,
     ServiceResponse,
-    cancel_on_disconnect,
+    Work,
+    answer_request,
     check_still_wanted,
-    read_json_body,
-    refuse,
 )
 
 #: The constant answer of ``POST /null``.
 NULL_ANSWER = b'{"ok":true}'
 #: Folder where each worker marks itself loaded (set by the supervisor); unset: ready once loaded.
 READY_DIR_ENV = "COURSE_PRODUCTION_READY_DIR"
-_log = logging.getLogger("course_lib.serving.production")
 _LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -174,22 +169,9 @@ def create_production_app(
         check_still_wanted()
         return await asyncio.get_running_loop().run_in_executor(executor, service.forward, records)
 
-    async def batched(records: list[dict[str, object]]) -> list[Any]:
-        check_still_wanted()
-        await batcher.start()  # idempotent; a server run without lifespan events starts it here
-        return [(await batcher.submit(records[0])).value]
-
     async def through_batcher(body: bytes) -> tuple[ServiceResponse, dict[str, str]]:
-        served: list[Any] = []
-
-        async def forward(records: list[dict[str, object]]) -> list[Any]:
-            check_still_wanted()
-            await batcher.start()
-            result = await batcher.submit(records[0])
-            served.append(result)
-            return [result.value]
-
-        out = await service.handle_async(body, forward=forward)
+        served: list[BatchedResult] = []
+        out = await service.handle_async(body, forward=batched_forward(batcher, served))
         extra = {}
         if served:
             extra = {
@@ -202,57 +184,23 @@ def create_production_app(
         headers = out.headers if not extra else {**out.headers, **extra}
         return Response(out.body, status_code=out.status_code, headers=headers)
 
-    async def run(
-        request: Request,
-        endpoint: str,
-        work: Callable[[bytes], Awaitable[Response] | Response],
-        *,
-        cancellable: bool,
-    ) -> Response:
+    async def run(request: Request, endpoint: str, work: Work, *, cancellable: bool) -> Response:
         start = time.perf_counter()
-        try:
-            body = await read_json_body(request, body_timeout_s=body_timeout_s)
-            if cancellable:
-                response = await cancel_on_disconnect(request, work(body))  # type: ignore[arg-type]
-            else:
-                response = work(body)  # type: ignore[assignment]
-        except ClientGoneError:
-            counters.client_disconnects += 1
-            response = Response(status_code=499)  # never delivered: the client is gone
-        except DeadlineExceededError:
-            counters.deadline_expired += 1
-            response = refuse(
-                RequestError(504, "deadline_exceeded", "the request's deadline passed before it was scored")
-            )
-        except RequestError as err:
-            if err.status_code == 408:
-                counters.body_timeouts += 1
-            response = refuse(err, {"connection": "close"} if err.status_code in (408, 413, 415) else None)
-        except (QueueFullError, BatcherClosedError) as exc:
-            why = (
-                "the batcher's queue is full" if isinstance(exc, QueueFullError) else "the server is stopping"
-            )
-            response = refuse(RequestError(503, "unavailable", why), {"retry-after": "1"})
-        except Exception:  # a failing stage must not take the server down
-            counters.internal_errors += 1
-            _log.exception("unexpected error while answering %s", endpoint)
-            response = refuse(
-                RequestError(
-                    500, "internal_error", "the service failed to answer; the error is in the server log"
-                )
-            )
+        response = await answer_request(
+            request, work, counters, body_timeout_s=body_timeout_s, cancellable=cancellable
+        )
         requests_total.labels(endpoint, str(response.status_code)).inc()
         latency.labels(endpoint).observe(time.perf_counter() - start)
         return response
 
     if mode == "loop":
 
-        def score_work(body: bytes) -> Response:
+        async def score_work(body: bytes) -> Response:  # no suspension point: runs inline, to its end
             check_still_wanted()  # the whole request runs inline: the last chance to drop it
             return answer(service.handle(body))
 
     else:
-        forward = in_thread if mode == "thread" else batched
+        forward = in_thread if mode == "thread" else batched_forward(batcher)
 
         async def score_work(body: bytes) -> Response:  # type: ignore[misc]
             return answer(await service.handle_async(body, forward=forward))
@@ -260,7 +208,7 @@ def create_production_app(
     async def predict_work(body: bytes) -> Response:
         return answer(*(await through_batcher(body)))
 
-    def null_work(body: bytes) -> Response:
+    async def null_work(body: bytes) -> Response:
         return Response(NULL_ANSWER, media_type="application/json")
 
     @app.post("/score")

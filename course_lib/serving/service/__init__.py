@@ -6,8 +6,11 @@ Its private modules; this package re-exports their public names:
   in-process by ``ChurnService``.
 * ``course_lib.serving.service._forward``: the model-forward adapters ``native_forward`` /
   ``onnx_forward`` and the stage types (``Forward``, ``AsyncForward``, ``Lookup``, ``Record``).
+* ``course_lib.serving.service._answers``: ``error_answer``, the one mapping from a failed request to
+  its HTTP answer (and the counters it keeps), for every course app.
 * ``course_lib.serving.service._app``: the FastAPI app factory ``create_app`` (``POST /score``,
-  ``GET /healthz``, ``GET /stats``) and the body reader ``read_json_body``.
+  ``GET /healthz``, ``GET /stats``), the body reader ``read_json_body`` and ``answer_request``,
+  the request runner every app's endpoints share.
 * ``course_lib.serving.service._client``: ``ChurnClient``, which adds the transport stage on the client side,
   and ``HttpStatusError`` / ``raise_for_status``, the one error every course client raises for a
   non-2xx answer (``.shed`` for 429/503).
@@ -18,16 +21,21 @@ Its private modules; this package re-exports their public names:
 
 from __future__ import annotations
 
-from course_lib.serving.service._app import (
+from course_lib.serving.service._answers import (
     AppCounters,
     ClientGoneError,
     DeadlineExceededError,
+    error_answer,
+    refuse,
+)
+from course_lib.serving.service._app import (
+    Work,
+    answer_request,
     cancel_on_disconnect,
     check_still_wanted,
     create_app,
     is_json_content_type,
     read_json_body,
-    refuse,
 )
 from course_lib.serving.service._client import SHED_STATUSES, ChurnClient, HttpStatusError, raise_for_status
 from course_lib.serving.service._forward import (
@@ -79,10 +87,13 @@ __all__ = [
     "RequestError",
     "ScoreRequest",
     "ServiceResponse",
+    "Work",
+    "answer_request",
     "cancel_on_disconnect",
     "check_still_wanted",
     "create_app",
     "decode_json",
+    "error_answer",
     "is_json_content_type",
     "native_forward",
     "onnx_forward",
