@@ -82,7 +82,8 @@ class OrjsonChurnService(ChurnService):
 
 def _build_app(config: ServerConfig, json_encoder: str):
     # serving.batching.predict loads the model stack: only the server process needs it
-    from course_lib.serving.batching.predict import churn_service, create_batched_app  # noqa: PLC0415 (subprocess entry point)
+    from course_lib.serving.batching.predict import create_batched_app  # noqa: PLC0415 (subprocess entry point)
+    from course_lib.serving.service import churn_service  # noqa: PLC0415 (subprocess entry point)
 
     service = churn_service("xgboost", lookup_mode="cached")
     if json_encoder == "orjson":

@@ -36,23 +36,16 @@ import sys
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from course_lib.churn.data import FEATURE_COLUMNS
-from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-from course_lib.churn.model import load_or_train_churn_model
 from course_lib.core.checks import one_of
+from course_lib.core.vocabulary import SERVING_RUNTIMES
 from course_lib.serving.batching.batcher import BatchedResult, DynamicBatcher
-from course_lib.serving.feature_store import (
-    DEFAULT_N_CUSTOMERS,
-    DEFAULT_SEED,
-    FeatureStore,
-    build_feature_store,
-    make_lookup,
-)
+from course_lib.serving.feature_store import DEFAULT_N_CUSTOMERS, DEFAULT_SEED, build_feature_store
 from course_lib.serving.server import (
     DEFAULTS,
     ServerURLs,
@@ -68,89 +61,24 @@ from course_lib.serving.service import (
     AsyncForward,
     ChurnService,
     Record,
+    Runtime,
     check_still_wanted,
+    churn_service,
     create_app,
-    native_forward,
-    onnx_forward,
 )
 
 __all__ = [
-    "RUNTIMES",
     "batched_forward",
-    "churn_service",
     "create_batched_app",
     "customer_key",
     "run_server",
     "run_servers",
 ]
 
-#: The two model runtimes: the native scikit-learn + XGBoost pipeline, and ONNX Runtime.
-RUNTIMES: tuple[str, ...] = ("xgboost", "onnxruntime")
-Runtime = Literal["xgboost", "onnxruntime"]
-
 
 def customer_key(record: Mapping[str, Any]) -> Hashable:
     """De-duplication key: the 19 feature values in column order (equal keys share one model row)."""
     return tuple(record[name] for name in FEATURE_COLUMNS)
-
-
-def churn_service(
-    runtime: Runtime = "xgboost",
-    *,
-    lookup_mode: str = "cached",
-    n_customers: int = DEFAULT_N_CUSTOMERS,
-    seed: int = DEFAULT_SEED,
-    store_folder: str | Path | None = None,
-    churn_model: Any = None,
-    onnx_scorer: Any = None,
-) -> ChurnService:
-    """The Lesson 2 ``ChurnService`` for one runtime, over the (built-or-reused) feature store.
-
-    Parameters
-    ----------
-    runtime : {"xgboost", "onnxruntime"}
-        Model-forward stage: ``course_lib.serving.service.native_forward`` or ``onnx_forward``.
-    lookup_mode : {"indexed", "unindexed", "cached"}
-        Feature lookup (``course_lib.serving.feature_store._lookup.make_lookup``).
-    n_customers, seed, store_folder
-        Population of the feature store (``FeatureStore.open``; built on first use).
-    churn_model : course_lib.churn.model.ChurnModel, optional
-        Default ``load_or_train_churn_model()``.
-    onnx_scorer : OnnxChurnScorer, optional
-        Reused for ``onnxruntime`` if given (it must have been exported from ``churn_model``: its
-        ``model_version`` metadata must match), else built from ``churn_model``.
-
-    Returns
-    -------
-    ChurnService
-        Its answers carry the ``model_version`` of the model that actually scores them.
-
-    Raises
-    ------
-    ValueError
-        Unknown runtime or lookup mode.
-    course_lib.churn.export._onnx.ModelMismatchError
-        If ``onnx_scorer`` was exported from another model than ``churn_model`` (or has no version).
-    """
-    one_of("runtime", runtime, RUNTIMES)
-    if churn_model is None:
-        churn_model = load_or_train_churn_model()
-    version = str(churn_model.model_version)
-    if runtime == "xgboost":
-        forward = native_forward(churn_model.pipeline)
-    else:
-        if onnx_scorer is None:
-            onnx_scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
-        onnx_scorer.check_model_version(version)
-        forward = onnx_forward(onnx_scorer)
-    store = FeatureStore.open(n_customers, seed, folder=store_folder)
-    return ChurnService(
-        make_lookup(store, lookup_mode),
-        forward,
-        model_version=version,
-        lookup_mode=lookup_mode,
-        runtime=runtime,
-    )
 
 
 def batched_forward(
@@ -305,7 +233,7 @@ def _server_command(
     store_folder: str | Path | None = None,
     **config: Any,
 ) -> list[str]:
-    one_of("runtime", runtime, RUNTIMES)
+    one_of("runtime", runtime, SERVING_RUNTIMES)
     server_config, unknown = split_config(config)
     if unknown:
         raise TypeError(f"unknown server options {sorted(unknown)}")
@@ -373,7 +301,7 @@ def run_server(
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: serve the batched churn app on 127.0.0.1 (``--port``) for a bounded time."""
     parser = argparse.ArgumentParser(description="Churn scoring with dynamic batching on 127.0.0.1")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="xgboost")
+    parser.add_argument("--runtime", choices=SERVING_RUNTIMES, default="xgboost")
     parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("--lookup", default="cached", help="indexed, unindexed or cached")
     parser.add_argument("--n-customers", type=int, default=DEFAULT_N_CUSTOMERS)

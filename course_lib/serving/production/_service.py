@@ -24,9 +24,8 @@ import orjson
 from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 from course_lib.churn.model import load_or_train_churn_model
 from course_lib.core.checks import integer, one_of
-from course_lib.serving.batching.predict import churn_service
 from course_lib.serving.production._config import ENCODERS, FORWARD_PROBE_CALLS, ProductionConfig
-from course_lib.serving.service import ChurnService, Record, ScoreRequest
+from course_lib.serving.service import ChurnService, Record, ScoreRequest, churn_service
 
 
 class ProductionService(ChurnService):

@@ -15,11 +15,15 @@ Its private modules; this package re-exports their public names:
   and ``HttpStatusError`` / ``raise_for_status``, the one error every course client raises for a
   non-2xx answer (``.shed`` for 429/503).
 * ``course_lib.serving.service._strict_json``: ``decode_json``, the strict request-body decoder the parse stage uses.
+* ``course_lib.serving.service._factory``: ``churn_service``, the service for one model runtime over the
+  course's feature store (imported on first use: it loads scikit-learn, XGBoost and ONNX).
 
 ``from course_lib.serving.service import ChurnService, create_app, ChurnClient`` keeps working.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from course_lib.serving.service._answers import (
     AppCounters,
@@ -63,6 +67,9 @@ from course_lib.serving.service._pipeline import (
 )
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
 
+if TYPE_CHECKING:
+    from course_lib.serving.service._factory import Runtime, churn_service
+
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_DRAIN_BYTES",
@@ -85,12 +92,14 @@ __all__ = [
     "Record",
     "RecordScorer",
     "RequestError",
+    "Runtime",
     "ScoreRequest",
     "ServiceResponse",
     "Work",
     "answer_request",
     "cancel_on_disconnect",
     "check_still_wanted",
+    "churn_service",
     "create_app",
     "decode_json",
     "error_answer",
@@ -102,3 +111,12 @@ __all__ = [
     "refuse",
     "run_without_event_loop",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``churn_service`` (and ``Runtime``) on first use: they load the model stack."""
+    if name in ("churn_service", "Runtime"):
+        from course_lib.serving.service import _factory  # noqa: PLC0415 (heavy optional dependency)
+
+        return getattr(_factory, name)
+    raise AttributeError(f"module 'course_lib.serving.service' has no attribute {name!r}")
