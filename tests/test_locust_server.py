@@ -9,8 +9,9 @@ import pytest
 
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.knee import find_knee, step_table
-from course_lib.measure.load_server import OrjsonChurnService, serve_churn, wait_idle
 from course_lib.measure.locust_runner import run_locust
+from course_lib.measure.server_probes import wait_idle
+from course_lib.serving.prototype import OrjsonChurnService, serve_churn
 from course_lib.serving.service import ChurnService, ScoreRequest
 
 

@@ -1,7 +1,7 @@
 """Layer 4, measuring real servers and models: load generators, knees, histograms, throughput, experiments.
 
 The open-loop load generator and its targets, rate ladders and knees, coordinated omission,
-HdrHistograms, Locust, the load-test server, batching cost and gain, throughput records, GC pauses, the lessons' live
+HdrHistograms, Locust, server probes (memory, idle), batching cost and gain, throughput records, GC pauses, the lessons' live
 experiments, Lesson 7's tail experiments (hedging rounds, fan-out, cold starts), and the whole service's waterfall (with k6 and the serving peers).
 
 Imports only from the layers below.
@@ -17,10 +17,10 @@ __all__ = [
     "generators",
     "histograms",
     "knee",
-    "load_server",
     "loadgen",
     "locust_runner",
     "rate_sweep",
+    "server_probes",
     "source_loadtest",
     "tail",
     "targets",

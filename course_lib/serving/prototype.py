@@ -1,8 +1,9 @@
-"""The churn server under load test, in its own process, with the server-side levers exposed.
+"""The prototype churn server that load tests start from, in its own process, with its levers exposed.
 
 The app is the Lesson 3 one (``course_lib.serving.batching.predict.create_batched_app``: Lesson 2's ``POST /score``
-plus the batched ``POST /predict``, which sheds with 503 + ``Retry-After`` when its queue is full). This
-module runs it with the knobs a load test compares at the knee:
+plus the batched ``POST /predict``, which sheds with 503 + ``Retry-After`` when its queue is full), the
+server that Lesson 6 load-tests and that the production service (``course_lib.serving.production``)
+replaces. This module runs it with the knobs a load test compares at the knee:
 
 * ``http`` / ``loop``: uvicorn's HTTP parser and event loop, ``h11`` + ``asyncio`` (pure Python, what
   Lessons 2 and 3 use) or ``httptools`` + ``uvloop`` (C);
@@ -11,8 +12,9 @@ module runs it with the knobs a load test compares at the knee:
 
 ``serve_churn`` starts it on the course's one server runtime (``course_lib.serving.server.run_processes``
 and ``serve_app``: the same limits, door and hygiene as every other server) on 127.0.0.1 and yields
-its URL and process ids (to read their memory). Every server process exits when the ``with`` block
-ends, after ``lifetime_s``, or as soon as the process that started it dies.
+its URL and process ids (to read their memory with ``course_lib.measure.server_probes.sample_rss``).
+Every server process exits when the ``with`` block ends, after ``lifetime_s``, or as soon as the
+process that started it dies.
 
 References
 ----------
@@ -24,22 +26,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-import httpx
 import orjson
-import psutil
 
 from course_lib.core.checks import integer, one_of, positive_number
-from course_lib.core.waiting import wait_until
+from course_lib.core.vocabulary import ANSWER_ENCODERS, EVENT_LOOPS, HTTP_PARSERS
 from course_lib.serving.server import (
     DEFAULTS,
-    EVENT_LOOPS,
-    HTTP_PARSERS,
     ServerConfig,
     add_arguments,
     from_arguments,
@@ -51,26 +47,20 @@ from course_lib.serving.server import (
 from course_lib.serving.service import ChurnService, ScoreRequest
 
 __all__ = [
-    "HTTP_IMPLEMENTATIONS",
-    "JSON_ENCODERS",
-    "LOOPS",
     "PROTOTYPE_SERVER",
     "OrjsonChurnService",
     "ServerHandle",
-    "sample_rss",
     "serve_churn",
-    "wait_idle",
 ]
 
-HTTP_IMPLEMENTATIONS: tuple[str, ...] = HTTP_PARSERS
 #: The runtime's limits for the prototype: ``DEFAULTS`` plus a 0.5 s queue-wait bound. Its /score runs
 #: the native model (~10 ms) on the event loop, so the door's count of 128 alone is a queue longer
 #: than a client's 2 s timeout (issue 28 probe, 4x overload: 679 of 1,589 requests timed out, p99
 #: back after 2.3 s; with the bound none timed out and the p99 was back after 0.6 s). 0.5 s is 5x
 #: Lesson 6's 100 ms p99 SLO, so the bound only acts where the SLO is already lost.
 PROTOTYPE_SERVER = DEFAULTS.replace(max_queue_wait_s=0.5)
-LOOPS: tuple[str, ...] = EVENT_LOOPS
-JSON_ENCODERS: tuple[str, ...] = ("json", "orjson")
+#: This module, as ``python -m`` runs it in each server process.
+_ENTRY = "course_lib.serving.prototype"
 
 
 class OrjsonChurnService(ChurnService):
@@ -103,10 +93,10 @@ def _build_app(config: ServerConfig, json_encoder: str):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m course_lib.measure.load_server --port P [--json-encoder ..] [ServerConfig flags]``."""
+    """Command line: ``python -m course_lib.serving.prototype --port P [--json-encoder ..] [ServerConfig flags]``."""
     parser = argparse.ArgumentParser(description="Churn server for load tests, on 127.0.0.1")
     parser.add_argument("--port", type=port_number, required=True)
-    parser.add_argument("--json-encoder", choices=JSON_ENCODERS, default="json")
+    parser.add_argument("--json-encoder", choices=ANSWER_ENCODERS, default="json")
     add_arguments(parser)
     args = parser.parse_args(argv)
     config = from_arguments(args)
@@ -168,9 +158,9 @@ def serve_churn(
     RuntimeError
         If a server exits or does not answer ``/healthz`` in time (with the end of its log).
     """
-    one_of("http", http, HTTP_IMPLEMENTATIONS)
-    one_of("loop", loop, LOOPS)
-    one_of("json_encoder", json_encoder, JSON_ENCODERS)
+    one_of("http", http, HTTP_PARSERS)
+    one_of("loop", loop, EVENT_LOOPS)
+    one_of("json_encoder", json_encoder, ANSWER_ENCODERS)
     integer("workers", workers, min=1)
     positive_number("lifetime_s", lifetime_s)
     config = config.replace(
@@ -180,90 +170,12 @@ def serve_churn(
         max_batch_size=max_batch_size,
         lifetime_s=lifetime_s,
     )
-    cmd = [sys.executable, "-m", "course_lib.measure.load_server", f"--json-encoder={json_encoder}"]
+    cmd = [sys.executable, "-m", _ENTRY, f"--json-encoder={json_encoder}"]
     with run_processes(
         {"churn": [*cmd, *to_argv(config)]}, startup_timeout_s=startup_timeout_s, workers=workers
     ) as urls:
         pids = tuple(child.pid for child in urls.workers["churn"])
         yield ServerHandle(urls["churn"], pids[0], pids)
-
-
-@contextmanager
-def sample_rss(pid: int | Sequence[int], *, interval_s: float = 0.05) -> Iterator[list[int]]:
-    """Sample the resident memory (bytes) of process ``pid`` (or several) and their children while the block runs.
-
-    Yields the list the samples are appended to (one sum over the process trees per ``interval_s``);
-    sampling stops when the block ends.
-    """
-    roots = [psutil.Process(p) for p in ([pid] if isinstance(pid, int) else pid)]
-    samples: list[int] = []
-    stop = threading.Event()
-
-    def tree_rss() -> int:
-        total = 0
-        for proc in [*roots, *(c for r in roots for c in r.children(recursive=True))]:
-            with suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total
-
-    def loop() -> None:
-        while not stop.is_set():
-            samples.append(tree_rss())
-            stop.wait(interval_s)
-
-    samples.append(tree_rss())
-    thread = threading.Thread(target=loop, name="rss-sampler", daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        stop.set()
-        thread.join(5)
-        samples.append(tree_rss())
-
-
-def wait_idle(url: str, *, quick_ms: float = 20.0, timeout_s: float = 30.0, strict: bool = True) -> float:
-    """Wait until the server has worked off any backlog: ``GET /healthz`` answers within ``quick_ms``.
-
-    ``/healthz`` runs on the same event loop as the scoring routes, so while a backlog of earlier
-    requests is being served it waits behind them. Returns the last round trip in ms.
-
-    Parameters
-    ----------
-    url : base URL of the server.
-    quick_ms : float > 0
-        A round trip this short means the server is idle.
-    timeout_s : float > 0
-        How long to keep checking.
-    strict : bool
-        True: raise if the server is still slow after ``timeout_s``. False: return the last round
-        trip anyway (a machine busy with other programs may never answer quickly; the next
-        measurement then shows it).
-
-    Raises
-    ------
-    TimeoutError
-        If ``strict`` and the server is still busy after ``timeout_s``.
-    """
-    last = [float("inf")]
-
-    def quick() -> bool:
-        start = time.perf_counter()
-        try:
-            httpx.get(url + "/healthz", timeout=timeout_s)
-        except httpx.TransportError:
-            return False
-        last[0] = 1000.0 * (time.perf_counter() - start)
-        return last[0] <= quick_ms
-
-    try:
-        wait_until(
-            quick, timeout_s=timeout_s, interval_s=0.05, what=f"{url} to answer /healthz in {quick_ms:g} ms"
-        )
-    except TimeoutError:
-        if strict:
-            raise
-    return last[0]
 
 
 if __name__ == "__main__":
