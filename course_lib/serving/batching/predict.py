@@ -33,7 +33,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ __all__ = [
     "batched_forward",
     "create_batched_app",
     "customer_key",
+    "run_batcher_with",
     "run_server",
     "run_servers",
 ]
@@ -172,7 +173,7 @@ def create_batched_app(
     ValueError
         A batcher knob out of range (raised here, before serving starts).
     """
-    batcher: DynamicBatcher = DynamicBatcher(
+    batcher: DynamicBatcher[Record, Any] = DynamicBatcher(
         service.forward,
         max_batch_size=max_batch_size,
         max_queue_delay_ms=max_queue_delay_ms,
@@ -182,6 +183,40 @@ def create_batched_app(
         instances=instances,
         run_in_thread=run_in_thread,
     )
+    app = create_app(service, body_timeout_s=body_timeout_s)
+    app.state.batcher = batcher
+    run_batcher_with(app, batcher)
+    _add_batched_routes(app, service, batcher, dedup=dedup)
+    return app
+
+
+def run_batcher_with(
+    app: FastAPI, batcher: DynamicBatcher, *, on_stop: Callable[[], None] | None = None
+) -> None:
+    """Run ``batcher`` while ``app`` runs: started after the app's own start-up, stopped before its
+    shut-down (queued requests are refused with ``BatcherClosedError``, then ``on_stop()`` runs).
+
+    Wraps ``app.router.lifespan_context``; a server run without lifespan events starts the batcher on
+    the first request instead (``batched_forward``).
+    """
+    inner_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: FastAPI) -> AsyncIterator[Any]:
+        async with inner_lifespan(app_) as state:
+            await batcher.start()
+            try:
+                yield state
+            finally:
+                await batcher.stop(drain=False)
+                if on_stop is not None:
+                    on_stop()
+
+    app.router.lifespan_context = lifespan
+
+
+def _add_batched_routes(app: FastAPI, service: ChurnService, batcher: DynamicBatcher, *, dedup: bool) -> None:
+    """``POST /predict`` (through ``batcher``, sharing the app's request runner) and ``GET /batcher``."""
     knobs = {
         "max_batch_size": batcher.max_batch_size,
         "max_queue_delay_ms": batcher.max_queue_delay_ms,
@@ -191,20 +226,6 @@ def create_batched_app(
         "instances": batcher.instances,
         "run_in_thread": batcher.run_in_thread,
     }
-    app = create_app(service, body_timeout_s=body_timeout_s)
-    app.state.batcher = batcher
-    inner_lifespan = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(app_: FastAPI):
-        async with inner_lifespan(app_) as state:
-            await batcher.start()
-            try:
-                yield state
-            finally:
-                await batcher.stop(drain=False)
-
-    app.router.lifespan_context = lifespan
 
     async def predict_body(body: bytes) -> Response:
         served: list[BatchedResult] = []
@@ -220,8 +241,6 @@ def create_batched_app(
     @app.get("/batcher")
     async def batcher_state() -> dict[str, Any]:
         return {**knobs, "queue_len": batcher.queue_len, "stats": batcher.stats.as_dict()}
-
-    return app
 
 
 def _server_command(
