@@ -8,7 +8,8 @@ replaces. This module runs it with the knobs a load test compares at the knee:
 * ``http`` / ``loop``: uvicorn's HTTP parser and event loop, ``h11`` + ``asyncio`` (pure Python, what
   Lessons 2 and 3 use) or ``httptools`` + ``uvloop`` (C);
 * ``workers``: server processes sharing the port (``SO_REUSEPORT``; each loads its own model);
-* ``json_encoder``: the ``/score`` answer built with the standard ``json`` module or with ``orjson``.
+* ``json_encoder``: the ``/score`` answer built with the standard ``json`` module or with ``orjson``
+  (``course_lib.serving.service.encode_answer``).
 
 ``serve_churn`` starts it on the course's one server runtime (``course_lib.serving.server.run_processes``
 and ``serve_app``: the same limits, door and hygiene as every other server) on 127.0.0.1 and yields
@@ -30,8 +31,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import orjson
-
 from course_lib.core.checks import integer, one_of, positive_number
 from course_lib.core.vocabulary import ANSWER_ENCODERS, EVENT_LOOPS, HTTP_PARSERS
 from course_lib.serving.server import (
@@ -44,11 +43,9 @@ from course_lib.serving.server import (
     serve_app,
     to_argv,
 )
-from course_lib.serving.service import ChurnService, ScoreRequest
 
 __all__ = [
     "PROTOTYPE_SERVER",
-    "OrjsonChurnService",
     "ServerHandle",
     "serve_churn",
 ]
@@ -63,27 +60,12 @@ PROTOTYPE_SERVER = DEFAULTS.replace(max_queue_wait_s=0.5)
 _ENTRY = "course_lib.serving.prototype"
 
 
-class OrjsonChurnService(ChurnService):
-    """``ChurnService`` whose format stage encodes the answer with ``orjson`` (same keys, same rounding)."""
-
-    def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
-        return orjson.dumps(self.answer(request, churn_probability))  # one encode, same fields
-
-
 def _build_app(config: ServerConfig, json_encoder: str):
     # serving.batching.predict loads the model stack: only the server process needs it
     from course_lib.serving.batching.predict import create_batched_app  # noqa: PLC0415 (subprocess entry point)
     from course_lib.serving.service import churn_service  # noqa: PLC0415 (subprocess entry point)
 
-    service = churn_service("xgboost", lookup_mode="cached")
-    if json_encoder == "orjson":
-        service = OrjsonChurnService(
-            service.lookup_features,
-            service.forward,
-            model_version=service.model_version,
-            lookup_mode=service.lookup_mode,
-            runtime=service.runtime,
-        )
+    service = churn_service("xgboost", lookup_mode="cached", encoder=json_encoder)
     return create_batched_app(
         service,
         max_queue_size=config.max_queue_size,

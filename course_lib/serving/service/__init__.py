@@ -3,7 +3,7 @@
 Its private modules; this package re-exports their public names:
 
 * ``course_lib.serving.service._pipeline``: the request's stages (parse, lookup, forward, format), run
-  in-process by ``ChurnService``.
+  in-process by ``ChurnService``, and ``encode_answer``, the one answer encoder (``json`` or ``orjson``).
 * ``course_lib.serving.service._forward``: the model-forward adapters ``native_forward`` /
   ``onnx_forward`` and the stage types (``Forward``, ``AsyncForward``, ``Lookup``, ``Record``).
 * ``course_lib.serving.service._answers``: ``error_answer``, the one mapping from a failed request to
@@ -63,6 +63,7 @@ from course_lib.serving.service._pipeline import (
     RequestError,
     ScoreRequest,
     ServiceResponse,
+    encode_answer,
     run_without_event_loop,
 )
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
@@ -102,6 +103,7 @@ __all__ = [
     "churn_service",
     "create_app",
     "decode_json",
+    "encode_answer",
     "error_answer",
     "is_json_content_type",
     "native_forward",

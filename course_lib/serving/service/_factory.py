@@ -36,6 +36,7 @@ def churn_service(
     store_folder: str | Path | None = None,
     churn_model: Any = None,
     onnx_scorer: Any = None,
+    encoder: str = "json",
 ) -> ChurnService:
     """The Lesson 2 ``ChurnService`` for one runtime, over the (built-or-reused) feature store.
 
@@ -52,6 +53,8 @@ def churn_service(
     onnx_scorer : OnnxChurnScorer, optional
         Reused for ``onnxruntime`` if given (it must have been exported from ``churn_model``: its
         ``model_version`` metadata must match), else built from ``churn_model``.
+    encoder : {"json", "orjson"}
+        How the answer is encoded (``encode_answer``; the same JSON either way).
 
     Returns
     -------
@@ -61,7 +64,7 @@ def churn_service(
     Raises
     ------
     ValueError
-        Unknown runtime or lookup mode.
+        Unknown runtime, lookup mode or encoder.
     course_lib.churn.export._onnx.ModelMismatchError
         If ``onnx_scorer`` was exported from another model than ``churn_model`` (or has no version).
     """
@@ -83,4 +86,5 @@ def churn_service(
         model_version=version,
         lookup_mode=lookup_mode,
         runtime=runtime,
+        encoder=encoder,
     )
