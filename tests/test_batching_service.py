@@ -1,4 +1,5 @@
-"""POST /predict behind the dynamic batcher: in-process through ASGI, and the real uvicorn server on 127.0.0.1."""
+"""POST /predict behind the dynamic batcher: in-process through ASGI, and the real uvicorn server on
+127.0.0.1."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ __all__ = ["sample_rss", "wait_idle"]
 
 @contextmanager
 def sample_rss(pid: int | Sequence[int], *, interval_s: float = 0.05) -> Iterator[list[int]]:
-    """Sample the resident memory (bytes) of process ``pid`` (or several) and their children while the block runs.
+    """Sample the resident memory (bytes) of process ``pid`` (or several) and their children while the
+    block runs.
 
     Yields the list the samples are appended to (one sum over the process trees per ``interval_s``);
     sampling stops when the block ends.

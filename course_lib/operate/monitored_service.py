@@ -260,7 +260,8 @@ class ShadowScorer:
         wait_until(lambda: self._pending == 0, timeout_s=timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Wake the worker to score what is queued, then stop it; anything it could not take is counted as dropped."""
+        """Wake the worker to score what is queued, then stop it; anything it could not take is counted
+        as dropped."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)

@@ -1,9 +1,10 @@
 """The prototype churn server that load tests start from, in its own process, with its levers exposed.
 
-The app is the Lesson 3 one (``course_lib.serving.batching.predict.create_batched_app``: Lesson 2's ``POST /score``
-plus the batched ``POST /predict``, which sheds with 503 + ``Retry-After`` when its queue is full), the
-server that Lesson 6 load-tests and that the production service (``course_lib.serving.production``)
-replaces. This module runs it with the knobs a load test compares at the knee:
+The app is the Lesson 3 one (``course_lib.serving.batching.predict.create_batched_app``: Lesson 2's
+``POST /score`` plus the batched ``POST /predict``, which sheds with 503 + ``Retry-After`` when its
+queue is full), the server that Lesson 6 load-tests and that the production service
+(``course_lib.serving.production``) replaces. This module runs it with the knobs a load test
+compares at the knee:
 
 * ``http`` / ``loop``: uvicorn's HTTP parser and event loop, ``h11`` + ``asyncio`` (pure Python, what
   Lessons 2 and 3 use) or ``httptools`` + ``uvloop`` (C);
@@ -75,7 +76,8 @@ def _build_app(config: ServerConfig, json_encoder: str):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m course_lib.serving.prototype --port P [--json-encoder ..] [ServerConfig flags]``."""
+    """Command line: ``python -m course_lib.serving.prototype --port P [--json-encoder ..]`` and any
+    ``ServerConfig`` flag."""
     parser = argparse.ArgumentParser(description="Churn server for load tests, on 127.0.0.1")
     parser.add_argument("--port", type=port_number, required=True)
     parser.add_argument("--json-encoder", choices=ANSWER_ENCODERS, default="json")

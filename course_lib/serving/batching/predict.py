@@ -7,15 +7,18 @@ format, each timed into ``Server-Timing``), except that the forward stage submit
 features to a dynamic batcher, which scores many concurrent requests in one model call. The answer
 is the Lesson 2 answer plus how the request was served: ``queue_wait_ms``, ``service_ms`` (the
 model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplicated`` and ``trigger``.
+The forward stage is ``batched_forward`` (the production service's batcher uses it too), and
+``run_batcher_with`` runs the batcher while the app runs.
 A full queue answers 503 with ``Retry-After`` before the model sees the request (parse and lookup
-take microseconds); the server keeps serving. In front of it, the server runtime's door bounds the requests in flight
+take microseconds; ``course_lib.serving.service.error_answer`` maps every failure); the server keeps
+serving. In front of it, the server runtime's door bounds the requests in flight
 (``max_in_flight``) and drops requests whose client left or whose deadline passed.
 
 ``run_server`` (one) and ``run_servers`` (several, started together) run such servers in
-subprocesses on 127.0.0.1 (``course_lib.serving.server._runners.run_processes``: bounded lifetime, read timeouts, a
-connection limit, exit with the parent), so a load generator in the calling process does not share
-their GIL; ``python -m course_lib.serving.batching.predict`` does the same from a shell. Every default lives in
-``course_lib.serving.server._config.DEFAULTS``.
+subprocesses on 127.0.0.1 (``course_lib.serving.server._runners.run_processes``: bounded lifetime,
+read timeouts, a connection limit, exit with the parent), so a load generator in the calling process
+does not share their GIL; ``python -m course_lib.serving.batching.predict`` does the same from a
+shell. Every default lives in ``course_lib.serving.server._config.DEFAULTS``.
 
 A client that disconnects while its request waits in the batcher's queue cancels it, and so does the
 request's deadline (the runtime's ``x-request-timeout-ms`` header): its queue slot is freed at once
@@ -150,7 +153,8 @@ def create_batched_app(
     service : course_lib.serving.service.ChurnService
         Its ``forward`` (records -> probabilities) is the batcher's batch score function.
     max_batch_size, max_queue_delay_ms, preferred_batch_sizes, max_queue_size, instances, run_in_thread
-        Knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (defaults: ``course_lib.serving.server._config.DEFAULTS``).
+        Knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (defaults:
+        ``course_lib.serving.server._config.DEFAULTS``).
         ``max_batch_size=1`` turns batching off: one model call per request, through the same queue.
     dedup : bool
         Score identical customers waiting in the queue together once.

@@ -128,7 +128,8 @@ def _forward_mode(config: ProductionConfig, service: ProductionService) -> tuple
 
 
 def _batcher(config: ProductionConfig, service: ProductionService) -> DynamicBatcher[Record, float]:
-    """``/predict``'s batcher (and ``/score``'s with ``forward="batcher"``): identical customers share a row."""
+    """``/predict``'s batcher (and ``/score``'s with ``forward="batcher"``); identical customers waiting
+    together share one model row."""
     return DynamicBatcher(
         service.forward,
         max_batch_size=config.max_batch_size,

@@ -14,7 +14,8 @@ Its private modules; this package re-exports their public names:
 * ``course_lib.serving.service._client``: ``ChurnClient``, which adds the transport stage on the client side,
   and ``HttpStatusError`` / ``raise_for_status``, the one error every course client raises for a
   non-2xx answer (``.shed`` for 429/503).
-* ``course_lib.serving.service._strict_json``: ``decode_json``, the strict request-body decoder the parse stage uses.
+* ``course_lib.serving.service._strict_json``: ``decode_json``, the strict request-body decoder the parse
+  stage uses.
 * ``course_lib.serving.service._factory``: ``churn_service``, the service for one model runtime over the
   course's feature store (imported on first use: it loads scikit-learn, XGBoost and ONNX).
 

@@ -10,17 +10,19 @@ the source lesson's latency budget, each one real and each one timed:
 4. ``forward``: the model (native XGBoost pipeline or ONNX Runtime);
 5. ``format``: building the JSON response body.
 
-``ChurnService.handle`` runs stages 2-5 in-process (no network); ``course_lib.serving.service._app.create_app``
-serves the same stages over HTTP and reports them in a ``Server-Timing`` header;
+``ChurnService.handle`` runs stages 2-5 in-process (no network);
+``course_lib.serving.service._app.create_app`` serves the same stages over HTTP and reports them in a
+``Server-Timing`` header;
 ``course_lib.serving.service._client.ChurnClient`` adds the transport stage on the client side; the
 model-forward adapters are ``course_lib.serving.service._forward``'s (``course_lib.serving.service``
 re-exports them all). Bad requests are answered with a 4xx whose JSON body
 says why (400 bad JSON or a duplicate key, 404 unknown customer, 413 body too large, 415 not JSON,
 422 wrong or missing fields, or customer features outside ``course_lib.churn.schema``).
 
-The JSON parser (``course_lib.serving.service._strict_json.decode_json``) is strict (RFC 8259): UTF-8 only (a leading UTF-8 byte-order mark is ignored, as
-section 8.1 allows), no ``NaN``/``Infinity``, no key twice in one object (RFC 8259 section 4 leaves
-duplicates undefined, so we refuse them), at most ``MAX_JSON_DEPTH`` nested containers and numbers of
+The JSON parser (``course_lib.serving.service._strict_json.decode_json``) is strict (RFC 8259):
+UTF-8 only (a leading UTF-8 byte-order mark is ignored, as section 8.1 allows), no
+``NaN``/``Infinity``, no key twice in one object (RFC 8259 section 4 leaves duplicates undefined, so
+we refuse them), at most ``MAX_JSON_DEPTH`` nested containers and numbers of
 at most ``MAX_NUMBER_DIGITS`` digits; every refusal is a 400 with the course's own short reason.
 
 References
