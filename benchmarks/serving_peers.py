@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
 from course_lib.core.affinity import PIN_HELP, pin_option, pinned, sides  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool  # noqa: E402
-from course_lib.measure.load_server import wait_idle  # noqa: E402
+from course_lib.measure.server_probes import wait_idle  # noqa: E402
 from course_lib.measure.waterfall import (  # noqa: E402  # noqa: E402
     PEERS,
     PEERS_VENV,

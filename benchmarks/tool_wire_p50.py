@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
 from course_lib.core.affinity import PIN_HELP, pin_option, pinned, sides  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool  # noqa: E402
-from course_lib.measure.load_server import wait_idle  # noqa: E402
 from course_lib.measure.load_tools import k6_version  # noqa: E402
+from course_lib.measure.server_probes import wait_idle  # noqa: E402
 from course_lib.measure.waterfall import save_tool_wire_p50, spin_comparison, spin_table  # noqa: E402
 from course_lib.serving.feature_store import FeatureStore  # noqa: E402
 from course_lib.serving.production import PRODUCTION, production_command  # noqa: E402

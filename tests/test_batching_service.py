@@ -1,4 +1,5 @@
-"""POST /predict behind the dynamic batcher: in-process through ASGI, and the real uvicorn server on 127.0.0.1."""
+"""POST /predict behind the dynamic batcher: in-process through ASGI, and the real uvicorn server on
+127.0.0.1."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from course_lib.core.waiting import async_wait_until
 from course_lib.measure.loadgen import run_open_loop
 from course_lib.measure.rate_sweep import capacity_table, sweep_rates
 from course_lib.measure.targets import http_client_target, http_target
-from course_lib.serving.batching.predict import churn_service, create_batched_app, customer_key, run_servers
+from course_lib.serving.batching.predict import create_batched_app, customer_key, run_servers
 from course_lib.serving.feature_store import FeatureStore, customer_id, make_lookup
-from course_lib.serving.service import ChurnService, native_forward
+from course_lib.serving.service import ChurnService, churn_service, native_forward
 
 N_CUSTOMERS = 2000
 

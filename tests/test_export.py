@@ -152,7 +152,7 @@ def test_a_model_paired_with_another_models_onnx_file_is_refused(churn_model, on
     """The vector: churn_service(churn_model=A, onnx_scorer=B) answered B's score under A's version."""
     from course_lib.churn.export import ModelMismatchError, OnnxChurnScorer
     from course_lib.churn.model import train_churn_model
-    from course_lib.serving.batching.predict import churn_service
+    from course_lib.serving.service import churn_service
 
     other = train_churn_model(n_estimators=20)
     assert other.model_version != churn_model.model_version

@@ -9,8 +9,9 @@ import pytest
 
 from course_lib.measure.generators import GeneratorPool
 from course_lib.measure.knee import find_knee, step_table
-from course_lib.measure.load_server import OrjsonChurnService, serve_churn, wait_idle
 from course_lib.measure.load_tools.locust import run_locust
+from course_lib.measure.server_probes import wait_idle
+from course_lib.serving.prototype import serve_churn
 from course_lib.serving.service import ChurnService, ScoreRequest
 
 
@@ -60,8 +61,13 @@ def test_orjson_answer_is_the_same_json():
     service = ChurnService(
         lambda cid: {}, lambda records: [0.5], model_version="v1", lookup_mode="m", runtime="r"
     )
-    fast = OrjsonChurnService(
-        lambda cid: {}, lambda records: [0.5], model_version="v1", lookup_mode="m", runtime="r"
+    fast = ChurnService(
+        lambda cid: {},
+        lambda records: [0.5],
+        model_version="v1",
+        lookup_mode="m",
+        runtime="r",
+        encoder="orjson",
     )
     request = ScoreRequest(customer_id="SC-0000042")
     assert json.loads(fast.format(request, 0.1234567)) == json.loads(service.format(request, 0.1234567))

@@ -1,4 +1,5 @@
-"""The versioned service over real HTTP: /metrics parses and its counters equal the requests sent; shadow scoring."""
+"""The versioned service over real HTTP: /metrics parses and its counters equal the requests sent;
+shadow scoring."""
 
 from __future__ import annotations
 

@@ -163,8 +163,8 @@ def test_paced_users_that_start_together_send_in_bursts_and_read_high_on_request
 def test_a_real_locust_run_stays_within_what_its_rules_allow(tmp_path):
     """Bounds that hold at any load: a closed loop never sends more than its schedule, and Requests/s
     is the count over a window no longer than -t plus the stop timeout."""
-    from course_lib.measure.load_server import serve_churn
     from course_lib.measure.load_tools.locust import run_locust
+    from course_lib.serving.prototype import serve_churn
 
     users, pacing_s, run_s, stop_s = 3, 0.25, 3, 2
     with serve_churn(lifetime_s=120) as server:

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from course_lib.core.waiting import wait_until
-from course_lib.measure.load_server import sample_rss
+from course_lib.measure.server_probes import sample_rss
 from course_lib.serving.feature_store import customer_id
 from course_lib.serving.replica import ReplicaConfig, start_replica
 from course_lib.serving.server import DEFAULTS, MAX_HEADER_BYTES, run_processes, to_argv

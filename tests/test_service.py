@@ -27,6 +27,7 @@ from course_lib.serving.service import (
     ChurnService,
     HttpStatusError,
     create_app,
+    encode_answer,
     native_forward,
     onnx_forward,
     run_without_event_loop,
@@ -435,3 +436,12 @@ def test_a_coroutine_that_suspends_is_refused_and_closed():
     with pytest.raises(RuntimeError, match="needs an event loop"):
         run_without_event_loop(waits())
     assert closed == [True]
+
+
+def test_the_two_answer_encoders_give_the_same_json_and_another_is_refused():
+    answer = {"customer_id": GOOD_ID, "churn_probability": 0.123457, "model_version": "v", "lookup": "m"}
+    assert json.loads(encode_answer(answer, "orjson")) == json.loads(encode_answer(answer)) == answer
+    with pytest.raises(ValueError, match="encoder must be one of 'json', 'orjson', got 'pickle'"):
+        encode_answer(answer, "pickle")
+    with pytest.raises(ValueError, match="encoder must be one of 'json', 'orjson', got 'ujson'"):
+        ChurnService(lambda cid: {}, lambda records: [0.5], model_version="v", encoder="ujson")

@@ -102,7 +102,7 @@ def climb(
     """Run ``run_step(rate)`` for each rate in ascending order until ``misses_allowed`` rates missed the SLO.
 
     Past the knee every further step only builds a longer backlog, so the climb stops. ``settle()``
-    (e.g. ``course_lib.measure.load_server.wait_idle``) runs before every step so a step does not inherit the
+    (e.g. ``course_lib.measure.server_probes.wait_idle``) runs before every step so a step does not inherit the
     previous one's backlog. A climb that starts from an expected knee (a record from another run) can
     start above this run's knee: when its first rate misses, the ``lower_rates_rps`` below it are tried
     from the highest down until one meets the SLO, so :func:`find_knee` finds a knee instead of 0.

@@ -58,14 +58,13 @@ from course_lib.operate.http_metrics import DoorCollector
 from course_lib.operate.prom_quantile import SLO_BUCKETS_S
 from course_lib.serving.server import DoorCounters, door_counters
 from course_lib.serving.service import (
+    AppCounters,
     ChurnService,
-    ClientGoneError,
-    DeadlineExceededError,
     Forward,
     RequestError,
     ServiceResponse,
+    answer_request,
     check_still_wanted,
-    read_json_body,
 )
 
 __all__ = [
@@ -261,7 +260,8 @@ class ShadowScorer:
         wait_until(lambda: self._pending == 0, timeout_s=timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Wake the worker to score what is queued, then stop it; anything it could not take is counted as dropped."""
+        """Wake the worker to score what is queued, then stop it; anything it could not take is counted
+        as dropped."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
@@ -356,33 +356,24 @@ def create_monitored_app(service: VersionedChurnService) -> FastAPI:
     """FastAPI app: ``POST /score`` (routed, instrumented), ``GET /metrics``, ``GET /healthz``.
 
     Bad requests get the 4xx of ``course_lib.serving.service`` (they are counted with ``version="none"``);
-    an unexpected exception gets a 500 naming its type (the message stays in the server), and the
-    server keeps serving. A client gone before its request is scored is never scored (499, counted by
-    the door as abandoned). No redirects (``/score/`` is a 404).
+    every other failure is answered as in every course app (``course_lib.serving.service.error_answer``:
+    an unexpected exception is a 500 whose exception goes to the server log, and the server keeps
+    serving; ``app.state.counters`` counts it). A client gone before its request is scored is never
+    scored (499, counted by the door as abandoned). No redirects (``/score/`` is a 404).
     """
     app = FastAPI(title="churn scoring (versions + metrics)", docs_url=None, redoc_url=None, openapi_url=None)
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
 
+    app.state.counters = counters = AppCounters()
+
+    async def score_body(body: bytes) -> Response:  # no suspension point: runs inline, to its end
+        check_still_wanted()
+        _, result = service.handle(body)
+        return Response(result.body, status_code=result.status_code, headers=result.headers)
+
     @app.post("/score")
     async def score(request: Request) -> Response:
-        try:
-            body = await read_json_body(request)
-            check_still_wanted()
-        except ClientGoneError:
-            return Response(status_code=499)  # nobody reads it; the door counts it as abandoned
-        except DeadlineExceededError:
-            late = RequestError(
-                504, "deadline_exceeded", "the request's deadline passed before it was scored"
-            )
-            return Response(late.body(), status_code=504, media_type="application/json")
-        except RequestError as err:
-            return Response(err.body(), status_code=err.status_code, media_type="application/json")
-        try:
-            _, result = service.handle(body)
-        except Exception as exc:  # a failing stage must not take the server down
-            failure = RequestError(500, "internal_error", f"scoring failed ({type(exc).__name__})")
-            return Response(failure.body(), status_code=500, media_type="application/json")
-        return Response(result.body, status_code=result.status_code, headers=result.headers)
+        return await answer_request(request, score_body, counters, cancellable=False)
 
     @app.get("/metrics")
     async def metrics() -> Response:

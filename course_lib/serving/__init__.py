@@ -1,8 +1,9 @@
 """Layer 2, what answers a request: the service, profiling, features, servers, batching, caches, replicas.
 
 The churn service and its stages, stage profiling, the feature store, the server runtime, online
-(dynamic) batching, the prediction cache, replicas, hedging, fallbacks, the capstone's slow baseline, and
-the production service that assembles what paid (Lesson 12).
+(dynamic) batching, the prediction cache, replicas, hedging, fallbacks, the capstone's slow baseline, the
+prototype server that load tests start from (Lesson 6), and the production service that assembles what
+paid (Lesson 12).
 
 Imports only from :mod:`course_lib.core` and :mod:`course_lib.churn`.
 """
@@ -15,6 +16,7 @@ __all__ = [
     "hedging",
     "production",
     "profiling",
+    "prototype",
     "replica",
     "server",
     "service",

@@ -1,6 +1,6 @@
 """Running the service waterfall: the servers, their in-process ceilings, the interleaved knees, k6 beside.
 
-``WATERFALL`` lists the steps from the prototype (Lesson 6's server, ``course_lib.measure.load_server``)
+``WATERFALL`` lists the steps from the prototype (Lesson 6's server, ``course_lib.serving.prototype``)
 to the production service (``course_lib.serving.production``), one lever each, plus the null endpoint
 of the production stack as the floor. :func:`run_waterfall` starts every server they need at once
 (each on 127.0.0.1, bounded lifetime, stopped when it returns), measures the generator's own limit on
@@ -32,8 +32,8 @@ from course_lib.core.affinity import CoreSplit, pinned, sides
 from course_lib.core.checks import integer, positive_number
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
 from course_lib.measure.knee import step_row
-from course_lib.measure.load_server import serve_churn, wait_idle
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, rung_duration_s
+from course_lib.measure.server_probes import wait_idle
 from course_lib.measure.waterfall._climb import (
     WaterfallStep,
     geometric_ladder,
@@ -46,6 +46,7 @@ from course_lib.measure.waterfall._tools import tool_comparison
 from course_lib.serving.feature_store import FeatureStore
 from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
 from course_lib.serving.profiling import parse_server_timing
+from course_lib.serving.prototype import serve_churn
 from course_lib.serving.server import DEFAULTS, run_processes
 
 PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP = "prototype", "production", "null endpoint (floor)"
@@ -237,7 +238,7 @@ def run_waterfall(
                 cfg = servers[k]
                 workers[k] = 1 if cfg is None else cfg.n_workers
                 described[k] = (
-                    "prototype: course_lib.measure.load_server.serve_churn" if cfg is None else cfg.describe()
+                    "prototype: course_lib.serving.prototype.serve_churn" if cfg is None else cfg.describe()
                 )
                 if cfg is not None:
                     commands[k] = production_command(cfg, server_cfg)

@@ -4,8 +4,9 @@ One concept: what waits for a batch. An entry is one distinct item with the call
 for it; a request whose key equals that of a queued entry joins it instead of adding a row (the
 de-duplication window is the queue). A caller that gives up leaves at once, and an entry left with no
 caller leaves the queue, so it never reaches the model. ``waiting`` counts requests (duplicates
-included), which is what ``max_queue_size`` bounds. The batcher (:mod:`course_lib.serving.batching.batcher`) decides
-when to take how many entries; this module only keeps them and counts in :class:`BatcherStats`.
+included), which is what ``max_queue_size`` bounds. The batcher
+(:mod:`course_lib.serving.batching.batcher`) decides when to take how many entries; this module only
+keeps them and counts in :class:`BatcherStats`.
 """
 
 from __future__ import annotations

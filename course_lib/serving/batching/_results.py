@@ -16,7 +16,14 @@ R = TypeVar("R")
 
 
 class QueueFullError(RuntimeError):
-    """The batcher's queue holds ``max_queue_size`` requests; this one was rejected, not queued."""
+    """The batcher's queue holds ``max_queue_size`` requests; this one was rejected, not queued.
+
+    ``max_queue_size`` is the bound that was hit (None when the raiser did not say).
+    """
+
+    def __init__(self, message: str = "", *, max_queue_size: int | None = None):
+        super().__init__(message)
+        self.max_queue_size = max_queue_size
 
 
 class BatcherClosedError(RuntimeError):

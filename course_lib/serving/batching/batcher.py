@@ -242,7 +242,8 @@ class DynamicBatcher(Generic[T, R]):
             self.stats.rejected_queue_full += 1
             raise QueueFullError(
                 f"queue full: {self._queue.waiting} requests waiting (max_queue_size={self.max_queue_size}); "
-                "retry later or add capacity"
+                "retry later or add capacity",
+                max_queue_size=self.max_queue_size,
             )
         now_ns = time.perf_counter_ns()
         future: asyncio.Future = asyncio.get_running_loop().create_future()

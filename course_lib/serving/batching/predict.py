@@ -7,15 +7,18 @@ format, each timed into ``Server-Timing``), except that the forward stage submit
 features to a dynamic batcher, which scores many concurrent requests in one model call. The answer
 is the Lesson 2 answer plus how the request was served: ``queue_wait_ms``, ``service_ms`` (the
 model call for the whole batch), ``batch_size``, ``batch_requests``, ``deduplicated`` and ``trigger``.
+The forward stage is ``batched_forward`` (the production service's batcher uses it too), and
+``run_batcher_with`` runs the batcher while the app runs.
 A full queue answers 503 with ``Retry-After`` before the model sees the request (parse and lookup
-take microseconds); the server keeps serving. In front of it, the server runtime's door bounds the requests in flight
+take microseconds; ``course_lib.serving.service.error_answer`` maps every failure); the server keeps
+serving. In front of it, the server runtime's door bounds the requests in flight
 (``max_in_flight``) and drops requests whose client left or whose deadline passed.
 
 ``run_server`` (one) and ``run_servers`` (several, started together) run such servers in
-subprocesses on 127.0.0.1 (``course_lib.serving.server._runners.run_processes``: bounded lifetime, read timeouts, a
-connection limit, exit with the parent), so a load generator in the calling process does not share
-their GIL; ``python -m course_lib.serving.batching.predict`` does the same from a shell. Every default lives in
-``course_lib.serving.server._config.DEFAULTS``.
+subprocesses on 127.0.0.1 (``course_lib.serving.server._runners.run_processes``: bounded lifetime,
+read timeouts, a connection limit, exit with the parent), so a load generator in the calling process
+does not share their GIL; ``python -m course_lib.serving.batching.predict`` does the same from a
+shell. Every default lives in ``course_lib.serving.server._config.DEFAULTS``.
 
 A client that disconnects while its request waits in the batcher's queue cancels it, and so does the
 request's deadline (the runtime's ``x-request-timeout-ms`` header): its queue slot is freed at once
@@ -32,34 +35,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import sys
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from course_lib.churn.data import FEATURE_COLUMNS
-from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
-from course_lib.churn.model import load_or_train_churn_model
 from course_lib.core.checks import one_of
-from course_lib.serving.batching.batcher import (
-    BatchedResult,
-    BatcherClosedError,
-    BatchScoringError,
-    DynamicBatcher,
-    QueueFullError,
-)
-from course_lib.serving.feature_store import (
-    DEFAULT_N_CUSTOMERS,
-    DEFAULT_SEED,
-    FeatureStore,
-    build_feature_store,
-    make_lookup,
-)
+from course_lib.core.vocabulary import SERVING_RUNTIMES
+from course_lib.serving.batching.batcher import BatchedResult, DynamicBatcher
+from course_lib.serving.feature_store import DEFAULT_N_CUSTOMERS, DEFAULT_SEED, build_feature_store
 from course_lib.serving.server import (
     DEFAULTS,
     ServerURLs,
@@ -72,28 +61,23 @@ from course_lib.serving.server import (
     to_argv,
 )
 from course_lib.serving.service import (
+    AsyncForward,
     ChurnService,
-    RequestError,
+    Record,
+    Runtime,
     check_still_wanted,
+    churn_service,
     create_app,
-    native_forward,
-    onnx_forward,
-    refuse,
 )
 
 __all__ = [
-    "RUNTIMES",
-    "churn_service",
+    "batched_forward",
     "create_batched_app",
     "customer_key",
+    "run_batcher_with",
     "run_server",
     "run_servers",
 ]
-
-#: The two model runtimes: the native scikit-learn + XGBoost pipeline, and ONNX Runtime.
-RUNTIMES: tuple[str, ...] = ("xgboost", "onnxruntime")
-Runtime = Literal["xgboost", "onnxruntime"]
-_log = logging.getLogger("course_lib.serving.batching.predict")
 
 
 def customer_key(record: Mapping[str, Any]) -> Hashable:
@@ -101,63 +85,53 @@ def customer_key(record: Mapping[str, Any]) -> Hashable:
     return tuple(record[name] for name in FEATURE_COLUMNS)
 
 
-def churn_service(
-    runtime: Runtime = "xgboost",
-    *,
-    lookup_mode: str = "cached",
-    n_customers: int = DEFAULT_N_CUSTOMERS,
-    seed: int = DEFAULT_SEED,
-    store_folder: str | Path | None = None,
-    churn_model: Any = None,
-    onnx_scorer: Any = None,
-) -> ChurnService:
-    """The Lesson 2 ``ChurnService`` for one runtime, over the (built-or-reused) feature store.
+def batched_forward(
+    batcher: DynamicBatcher[Record, Any], served: list[BatchedResult] | None = None
+) -> AsyncForward:
+    """The forward stage that scores the request's one record through ``batcher``.
+
+    Right before the record joins the queue it checks that the request is still wanted
+    (``check_still_wanted``); it starts the batcher if nothing has yet (``start`` is idempotent; a
+    server run without lifespan events needs it).
 
     Parameters
     ----------
-    runtime : {"xgboost", "onnxruntime"}
-        Model-forward stage: ``course_lib.serving.service.native_forward`` or ``onnx_forward``.
-    lookup_mode : {"indexed", "unindexed", "cached"}
-        Feature lookup (``course_lib.serving.feature_store._lookup.make_lookup``).
-    n_customers, seed, store_folder
-        Population of the feature store (``FeatureStore.open``; built on first use).
-    churn_model : course_lib.churn.model.ChurnModel, optional
-        Default ``load_or_train_churn_model()``.
-    onnx_scorer : OnnxChurnScorer, optional
-        Reused for ``onnxruntime`` if given (it must have been exported from ``churn_model``: its
-        ``model_version`` metadata must match), else built from ``churn_model``.
+    batcher : DynamicBatcher
+        Scores batches of records (its score function: records -> probabilities).
+    served : list, optional
+        Each ``BatchedResult`` is appended to it (how the request was batched, for the answer).
 
     Returns
     -------
-    ChurnService
-        Its answers carry the ``model_version`` of the model that actually scores them.
-
-    Raises
-    ------
-    ValueError
-        Unknown runtime or lookup mode.
-    course_lib.churn.export._onnx.ModelMismatchError
-        If ``onnx_scorer`` was exported from another model than ``churn_model`` (or has no version).
+    async callable, records -> [probability]
+        For ``ChurnService.handle_async(body, forward=...)``. It raises what ``submit`` raises
+        (``QueueFullError``, ``BatcherClosedError``, ``BatchScoringError``; ``error_answer`` maps
+        them) and ``ClientGoneError`` / ``DeadlineExceededError`` from the check.
     """
-    one_of("runtime", runtime, RUNTIMES)
-    if churn_model is None:
-        churn_model = load_or_train_churn_model()
-    version = str(churn_model.model_version)
-    if runtime == "xgboost":
-        forward = native_forward(churn_model.pipeline)
-    else:
-        if onnx_scorer is None:
-            onnx_scorer = OnnxChurnScorer(make_session(pipeline_to_onnx(churn_model.pipeline)))
-        onnx_scorer.check_model_version(version)
-        forward = onnx_forward(onnx_scorer)
-    store = FeatureStore.open(n_customers, seed, folder=store_folder)
-    return ChurnService(
-        make_lookup(store, lookup_mode),
-        forward,
-        model_version=version,
-        lookup_mode=lookup_mode,
-        runtime=runtime,
+
+    async def forward(records: list[Record]) -> list[Any]:
+        check_still_wanted()  # the client has not left and the deadline has not passed
+        await batcher.start()
+        result = await batcher.submit(records[0])
+        if served is not None:
+            served.append(result)
+        return [result.value]
+
+    return forward
+
+
+def _with_batch_fields(answer: bytes, result: BatchedResult) -> bytes:
+    """The Lesson 2 answer plus how the request was batched (``/predict``'s fields)."""
+    fields = json.loads(answer)
+    fields.update(
+        queue_wait_ms=round(result.queue_wait_ms, 4),
+        service_ms=round(result.service_ms, 4),
+        batch_size=result.batch_size,
+        batch_requests=result.batch_requests,
+        deduplicated=result.deduplicated,
+        trigger=result.trigger,
     )
+    return json.dumps(fields).encode()
 
 
 def create_batched_app(
@@ -179,7 +153,8 @@ def create_batched_app(
     service : course_lib.serving.service.ChurnService
         Its ``forward`` (records -> probabilities) is the batcher's batch score function.
     max_batch_size, max_queue_delay_ms, preferred_batch_sizes, max_queue_size, instances, run_in_thread
-        Knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (defaults: ``course_lib.serving.server._config.DEFAULTS``).
+        Knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (defaults:
+        ``course_lib.serving.server._config.DEFAULTS``).
         ``max_batch_size=1`` turns batching off: one model call per request, through the same queue.
     dedup : bool
         Score identical customers waiting in the queue together once.
@@ -202,7 +177,7 @@ def create_batched_app(
     ValueError
         A batcher knob out of range (raised here, before serving starts).
     """
-    batcher: DynamicBatcher = DynamicBatcher(
+    batcher: DynamicBatcher[Record, Any] = DynamicBatcher(
         service.forward,
         max_batch_size=max_batch_size,
         max_queue_delay_ms=max_queue_delay_ms,
@@ -212,6 +187,40 @@ def create_batched_app(
         instances=instances,
         run_in_thread=run_in_thread,
     )
+    app = create_app(service, body_timeout_s=body_timeout_s)
+    app.state.batcher = batcher
+    run_batcher_with(app, batcher)
+    _add_batched_routes(app, service, batcher, dedup=dedup)
+    return app
+
+
+def run_batcher_with(
+    app: FastAPI, batcher: DynamicBatcher, *, on_stop: Callable[[], None] | None = None
+) -> None:
+    """Run ``batcher`` while ``app`` runs: started after the app's own start-up, stopped before its
+    shut-down (queued requests are refused with ``BatcherClosedError``, then ``on_stop()`` runs).
+
+    Wraps ``app.router.lifespan_context``; a server run without lifespan events starts the batcher on
+    the first request instead (``batched_forward``).
+    """
+    inner_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: FastAPI) -> AsyncIterator[Any]:
+        async with inner_lifespan(app_) as state:
+            await batcher.start()
+            try:
+                yield state
+            finally:
+                await batcher.stop(drain=False)
+                if on_stop is not None:
+                    on_stop()
+
+    app.router.lifespan_context = lifespan
+
+
+def _add_batched_routes(app: FastAPI, service: ChurnService, batcher: DynamicBatcher, *, dedup: bool) -> None:
+    """``POST /predict`` (through ``batcher``, sharing the app's request runner) and ``GET /batcher``."""
     knobs = {
         "max_batch_size": batcher.max_batch_size,
         "max_queue_delay_ms": batcher.max_queue_delay_ms,
@@ -221,62 +230,13 @@ def create_batched_app(
         "instances": batcher.instances,
         "run_in_thread": batcher.run_in_thread,
     }
-    app = create_app(service, body_timeout_s=body_timeout_s)
-    app.state.batcher = batcher
-    inner_lifespan = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(app_: FastAPI):
-        async with inner_lifespan(app_) as state:
-            await batcher.start()
-            try:
-                yield state
-            finally:
-                await batcher.stop(drain=False)
-
-    app.router.lifespan_context = lifespan
-
-    def queue_full() -> Response:
-        return refuse(
-            RequestError(
-                503, "queue_full", f"the batcher's queue is full ({batcher.max_queue_size} requests)"
-            ),
-            {"retry-after": "1"},
-        )
 
     async def predict_body(body: bytes) -> Response:
         served: list[BatchedResult] = []
-
-        async def batched_forward(records: list[dict[str, object]]) -> list[float]:
-            check_still_wanted()  # the client has not left and the deadline has not passed
-            result = await batcher.submit(records[0])
-            served.append(result)
-            return [result.value]
-
-        try:
-            out = await service.handle_async(body, forward=batched_forward)
-        except QueueFullError:
-            return queue_full()
-        except BatcherClosedError:
-            return refuse(
-                RequestError(503, "shutting_down", "the server is shutting down"), {"retry-after": "1"}
-            )
-        except BatchScoringError:
-            _log.exception("model call failed")
-            return refuse(RequestError(500, "model_error", "the model call for this request's batch failed"))
+        out = await service.handle_async(body, forward=batched_forward(batcher, served))
         if out.status_code != 200 or not served:
             return Response(out.body, status_code=out.status_code, headers=out.headers)
-        result = served[0]
-        answer = json.loads(out.body)
-        answer.update(
-            queue_wait_ms=round(result.queue_wait_ms, 4),
-            service_ms=round(result.service_ms, 4),
-            batch_size=result.batch_size,
-            batch_requests=result.batch_requests,
-            deduplicated=result.deduplicated,
-            trigger=result.trigger,
-        )
-        return Response(json.dumps(answer).encode(), status_code=200, headers=out.headers)
+        return Response(_with_batch_fields(out.body, served[0]), status_code=200, headers=out.headers)
 
     @app.post("/predict")
     async def predict(request: Request) -> Response:
@@ -285,8 +245,6 @@ def create_batched_app(
     @app.get("/batcher")
     async def batcher_state() -> dict[str, Any]:
         return {**knobs, "queue_len": batcher.queue_len, "stats": batcher.stats.as_dict()}
-
-    return app
 
 
 def _server_command(
@@ -298,7 +256,7 @@ def _server_command(
     store_folder: str | Path | None = None,
     **config: Any,
 ) -> list[str]:
-    one_of("runtime", runtime, RUNTIMES)
+    one_of("runtime", runtime, SERVING_RUNTIMES)
     server_config, unknown = split_config(config)
     if unknown:
         raise TypeError(f"unknown server options {sorted(unknown)}")
@@ -366,7 +324,7 @@ def run_server(
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: serve the batched churn app on 127.0.0.1 (``--port``) for a bounded time."""
     parser = argparse.ArgumentParser(description="Churn scoring with dynamic batching on 127.0.0.1")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="xgboost")
+    parser.add_argument("--runtime", choices=SERVING_RUNTIMES, default="xgboost")
     parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("--lookup", default="cached", help="indexed, unindexed or cached")
     parser.add_argument("--n-customers", type=int, default=DEFAULT_N_CUSTOMERS)

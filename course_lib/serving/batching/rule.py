@@ -9,10 +9,12 @@ to send now:
   when that delay runs out, send what is queued (up to ``max_batch_size``) as it is;
 * with ``max_queue_delay_ms = 0`` nothing waits: a free instance takes what is queued at once.
 
-Three modules import it from here: the discrete-event simulator (:mod:`course_lib.simulate.batching`), the
-real asyncio batcher (:mod:`course_lib.serving.batching.batcher`) and, for the arrival times of open-loop traffic
-(``poisson_arrivals_ms``), the load generator (:mod:`course_lib.measure.loadgen`). Change the rule here and
-``python -m course_lib.lesson_map --changed course_lib/serving/batching/rule.py`` names the lessons to re-run.
+Three modules import it from here: the discrete-event simulator (:mod:`course_lib.simulate.batching`),
+the real asyncio batcher (:mod:`course_lib.serving.batching.batcher`) and, for the arrival times of
+open-loop traffic (``poisson_arrivals_ms``), the load generator (:mod:`course_lib.measure.loadgen`).
+Change the rule here and
+``python -m course_lib.lesson_map --changed course_lib/serving/batching/rule.py`` names the lessons
+to re-run.
 
 References
 ----------

@@ -102,8 +102,9 @@ class StoreSnapshot:
     modification time; the file system stamps times at its own resolution (often a few
     milliseconds), so two same-size in-place rewrites within one tick look alike. The version
     describes the file at ``path``; a reader that keeps an older file open (a
-    ``course_lib.serving.feature_store._lookup.FeatureStore`` keeps reading the file it opened when that file is
-    replaced) must be reopened with it, or its old features are cached under the new version.
+    ``course_lib.serving.feature_store._lookup.FeatureStore`` keeps reading the file it opened when
+    that file is replaced) must be reopened with it, or its old features are cached under the new
+    version.
     """
 
     def __init__(

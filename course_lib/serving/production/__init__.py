@@ -9,7 +9,7 @@
   listening socket;
 * ``_serve``: ``serve_production`` starts it from Python and yields its URL.
 
-The prototype it replaces is ``course_lib.measure.load_server.serve_churn`` (native model on the event
+The prototype it replaces is ``course_lib.serving.prototype.serve_churn`` (native model on the event
 loop, pure-Python parser and loop, one process); ``course_lib.measure.waterfall`` measures one lever at
 a time from one to the other.
 """

@@ -37,12 +37,10 @@ documentation ("Instrumenting", multiprocess caveats). W3C, "Server Timing".
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,31 +50,27 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.middleware import Middleware
 
-from course_lib.serving.batching.batcher import BatcherClosedError, DynamicBatcher, QueueFullError
-from course_lib.serving.batching.predict import customer_key
+from course_lib.core.vocabulary import LATENCY_BUCKETS_S
+from course_lib.serving.batching.batcher import BatchedResult, DynamicBatcher
+from course_lib.serving.batching.predict import batched_forward, customer_key, run_batcher_with
 from course_lib.serving.feature_store import DEFAULT_N_CUSTOMERS, customer_id
 from course_lib.serving.production._config import OFF_LOOP_ABOVE_MS, PRODUCTION, ProductionConfig
 from course_lib.serving.production._service import ProductionService, build_service, forward_cost_ms
 from course_lib.serving.server import DEFAULTS, door_counters
 from course_lib.serving.service import (
     AppCounters,
-    ClientGoneError,
-    DeadlineExceededError,
     Record,
     RequestError,
     ServiceResponse,
-    cancel_on_disconnect,
+    Work,
+    answer_request,
     check_still_wanted,
-    read_json_body,
-    refuse,
 )
 
 #: The constant answer of ``POST /null``.
 NULL_ANSWER = b'{"ok":true}'
 #: Folder where each worker marks itself loaded (set by the supervisor); unset: ready once loaded.
 READY_DIR_ENV = "COURSE_PRODUCTION_READY_DIR"
-_log = logging.getLogger("course_lib.serving.production")
-_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 def worker_ready_path(folder: str | Path, pid: int) -> Path:
@@ -86,6 +80,180 @@ def worker_ready_path(folder: str | Path, pid: int) -> Path:
 
 def _all_loaded(folder: str | None, n_workers: int) -> bool:
     return folder is None or len(list(Path(folder).glob("worker-*.ready"))) >= n_workers
+
+
+class _Metrics:
+    """This worker's Prometheus metrics, in a registry of their own: requests by endpoint and status,
+    and the time from the request's headers to its answer (``LATENCY_BUCKETS_S``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "churn_requests",
+            "Requests answered, by endpoint and status",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "churn_request_duration_seconds",
+            "Time from the request's headers to its answer in this worker",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+
+    def observe(self, endpoint: str, status_code: int, seconds: float) -> None:
+        self.requests.labels(endpoint, str(status_code)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def exposition(self) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _forward_mode(config: ProductionConfig, service: ProductionService) -> tuple[str, float]:
+    """Where ``/score``'s model call runs, and the median call cost (ms) that ``"auto"`` decided on.
+
+    The cost is NaN when the probe customer is unknown or its stored record is outside the schema
+    (``forward_cost_ms`` checks the record first: nothing unchecked is scored, not even timed); NaN is
+    never at most ``OFF_LOOP_ABOVE_MS``, so ``"auto"`` then chooses ``"thread"``.
+    """
+    probe = service.lookup_features(customer_id(1, DEFAULT_N_CUSTOMERS))
+    try:
+        cost_ms = forward_cost_ms(service, probe) if probe is not None else float("nan")
+    except RequestError:
+        cost_ms = float("nan")
+    if config.forward != "auto":
+        return config.forward, cost_ms
+    return ("loop" if cost_ms <= OFF_LOOP_ABOVE_MS else "thread"), cost_ms
+
+
+def _batcher(config: ProductionConfig, service: ProductionService) -> DynamicBatcher[Record, float]:
+    """``/predict``'s batcher (and ``/score``'s with ``forward="batcher"``); identical customers waiting
+    together share one model row."""
+    return DynamicBatcher(
+        service.forward,
+        max_batch_size=config.max_batch_size,
+        max_queue_delay_ms=config.max_queue_delay_ms,
+        max_queue_size=config.max_queue_size,
+        dedup_key=customer_key,
+        run_in_thread=True,
+    )
+
+
+def _answer(out: ServiceResponse, extra: dict[str, str] | None = None) -> Response:
+    headers = out.headers if not extra else {**out.headers, **extra}
+    return Response(out.body, status_code=out.status_code, headers=headers)
+
+
+def _score_work(
+    service: ProductionService, mode: str, batcher: DynamicBatcher, executor: ThreadPoolExecutor
+) -> Work:
+    """``/score``'s work for ``mode``: the model call inline ("loop"), in the worker thread
+    ("thread") or through the batcher ("batcher"); each checks the request is still wanted first."""
+    if mode == "loop":
+
+        async def inline(body: bytes) -> Response:  # no suspension point: runs to its end at once
+            check_still_wanted()  # the whole request runs inline: the last chance to drop it
+            return _answer(service.handle(body))
+
+        return inline
+
+    async def in_thread(records: list[Record]) -> Any:
+        check_still_wanted()
+        return await asyncio.get_running_loop().run_in_executor(executor, service.forward, records)
+
+    forward = in_thread if mode == "thread" else batched_forward(batcher)
+
+    async def off_loop(body: bytes) -> Response:
+        return _answer(await service.handle_async(body, forward=forward))
+
+    return off_loop
+
+
+def _predict_work(service: ProductionService, batcher: DynamicBatcher) -> Work:
+    """``/predict``'s work: through the batcher, with ``x-batch-size`` and ``x-queue-wait-ms`` headers."""
+
+    async def predict(body: bytes) -> Response:
+        served: list[BatchedResult] = []
+        out = await service.handle_async(body, forward=batched_forward(batcher, served))
+        if not served:
+            return _answer(out)
+        batch = {
+            "x-batch-size": str(served[0].batch_size),
+            "x-queue-wait-ms": f"{served[0].queue_wait_ms:.3f}",
+        }
+        return _answer(out, batch)
+
+    return predict
+
+
+async def _null_work(body: bytes) -> Response:
+    """``/null``'s work: none (the floor a load test compares the service with)."""
+    return Response(NULL_ANSWER, media_type="application/json")
+
+
+def _add_scoring_routes(app: FastAPI, mode: str, *, body_timeout_s: float) -> None:
+    """``POST /score``, ``/predict`` and ``/null``: each reads the body, does its work and answers
+    (``answer_request``: one answer for every failure), counted and timed in ``app.state.metrics``."""
+    state = app.state
+    score_work = _score_work(state.service, mode, state.batcher, state.executor)
+    predict_work = _predict_work(state.service, state.batcher)
+
+    async def run(request: Request, endpoint: str, work: Work, *, cancellable: bool) -> Response:
+        start = time.perf_counter()
+        response = await answer_request(
+            request, work, state.counters, body_timeout_s=body_timeout_s, cancellable=cancellable
+        )
+        state.metrics.observe(endpoint, response.status_code, time.perf_counter() - start)
+        return response
+
+    @app.post("/score")
+    async def score(request: Request) -> Response:
+        return await run(request, "/score", score_work, cancellable=mode != "loop")
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        return await run(request, "/predict", predict_work, cancellable=True)
+
+    @app.post("/null")
+    async def null(request: Request) -> Response:
+        return await run(request, "/null", _null_work, cancellable=False)
+
+
+def _add_status_routes(app: FastAPI) -> None:
+    """``GET /healthz`` (503 until every worker has loaded the model), ``/stats`` and ``/metrics``."""
+    state = app.state
+    ready_dir, n_workers = os.environ.get(READY_DIR_ENV), state.config.n_workers
+    ready = [False]
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        ready[0] = ready[0] or _all_loaded(ready_dir, n_workers)
+        body = {
+            "status": "ok" if ready[0] else "starting",
+            "model_version": state.service.model_version,
+            "worker_pid": os.getpid(),
+        }
+        return Response(
+            orjson.dumps(body), status_code=200 if ready[0] else 503, media_type="application/json"
+        )
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return {
+            **state.counters.as_dict(),
+            "worker_pid": os.getpid(),
+            "workers": n_workers,
+            "forward": state.forward_mode,
+            "forward_cost_ms": state.forward_cost_ms,
+            "config": state.config.describe(),
+            "batcher": state.batcher.stats.as_dict(),
+            "outcomes": None if (outcomes := door_counters()) is None else outcomes.as_dict(),
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return state.metrics.exposition()
 
 
 def create_production_app(
@@ -111,197 +279,25 @@ def create_production_app(
     -------
     fastapi.FastAPI
         ``app.state.forward_mode`` is where ``/score``'s model call runs ("loop", "thread" or
-        "batcher"), ``app.state.forward_cost_ms`` the median call measured at build time.
+        "batcher"), ``app.state.forward_cost_ms`` the median call measured at build time;
+        ``app.state`` also holds the ``service``, ``config``, ``batcher``, ``counters`` and ``metrics``.
     """
     service = build_service(config) if service is None else service
-    probe = service.lookup_features(customer_id(1, DEFAULT_N_CUSTOMERS))
-    try:  # forward_cost_ms checks the record first: one outside the schema is never scored, not even timed
-        cost_ms = forward_cost_ms(service, probe) if probe is not None else float("nan")
-    except RequestError:
-        cost_ms = float("nan")
-    mode = config.forward
-    if mode == "auto":
-        mode = "loop" if cost_ms <= OFF_LOOP_ABOVE_MS else "thread"
-    batcher: DynamicBatcher[Record, float] = DynamicBatcher(
-        service.forward,
-        max_batch_size=config.max_batch_size,
-        max_queue_delay_ms=config.max_queue_delay_ms,
-        max_queue_size=config.max_queue_size,
-        dedup_key=customer_key,
-        run_in_thread=True,
-    )
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-    ready_dir, n_workers = os.environ.get(READY_DIR_ENV), config.n_workers
-
-    @asynccontextmanager
-    async def lifespan(app_: FastAPI):
-        await batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop(drain=False)
-            executor.shutdown(wait=False, cancel_futures=True)
-
+    mode, cost_ms = _forward_mode(config, service)
     app = FastAPI(
         title="churn scoring (production)",
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        lifespan=lifespan,
         middleware=list(middleware),
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
-    app.state.service, app.state.config, app.state.batcher = service, config, batcher
-    app.state.forward_mode, app.state.forward_cost_ms = mode, cost_ms
-    app.state.counters = counters = AppCounters()
-    registry = CollectorRegistry()
-    requests_total = Counter(
-        "churn_requests",
-        "Requests answered, by endpoint and status",
-        ["endpoint", "status"],
-        registry=registry,
-    )
-    latency = Histogram(
-        "churn_request_duration_seconds",
-        "Time from the request's headers to its answer in this worker",
-        ["endpoint"],
-        buckets=_LATENCY_BUCKETS_S,
-        registry=registry,
-    )
-    ready = [False]
-
-    async def in_thread(records: list[dict[str, object]]) -> Any:
-        check_still_wanted()
-        return await asyncio.get_running_loop().run_in_executor(executor, service.forward, records)
-
-    async def batched(records: list[dict[str, object]]) -> list[Any]:
-        check_still_wanted()
-        await batcher.start()  # idempotent; a server run without lifespan events starts it here
-        return [(await batcher.submit(records[0])).value]
-
-    async def through_batcher(body: bytes) -> tuple[ServiceResponse, dict[str, str]]:
-        served: list[Any] = []
-
-        async def forward(records: list[dict[str, object]]) -> list[Any]:
-            check_still_wanted()
-            await batcher.start()
-            result = await batcher.submit(records[0])
-            served.append(result)
-            return [result.value]
-
-        out = await service.handle_async(body, forward=forward)
-        extra = {}
-        if served:
-            extra = {
-                "x-batch-size": str(served[0].batch_size),
-                "x-queue-wait-ms": f"{served[0].queue_wait_ms:.3f}",
-            }
-        return out, extra
-
-    def answer(out: ServiceResponse, extra: dict[str, str] | None = None) -> Response:
-        headers = out.headers if not extra else {**out.headers, **extra}
-        return Response(out.body, status_code=out.status_code, headers=headers)
-
-    async def run(
-        request: Request,
-        endpoint: str,
-        work: Callable[[bytes], Awaitable[Response] | Response],
-        *,
-        cancellable: bool,
-    ) -> Response:
-        start = time.perf_counter()
-        try:
-            body = await read_json_body(request, body_timeout_s=body_timeout_s)
-            if cancellable:
-                response = await cancel_on_disconnect(request, work(body))  # type: ignore[arg-type]
-            else:
-                response = work(body)  # type: ignore[assignment]
-        except ClientGoneError:
-            counters.client_disconnects += 1
-            response = Response(status_code=499)  # never delivered: the client is gone
-        except DeadlineExceededError:
-            counters.deadline_expired += 1
-            response = refuse(
-                RequestError(504, "deadline_exceeded", "the request's deadline passed before it was scored")
-            )
-        except RequestError as err:
-            if err.status_code == 408:
-                counters.body_timeouts += 1
-            response = refuse(err, {"connection": "close"} if err.status_code in (408, 413, 415) else None)
-        except (QueueFullError, BatcherClosedError) as exc:
-            why = (
-                "the batcher's queue is full" if isinstance(exc, QueueFullError) else "the server is stopping"
-            )
-            response = refuse(RequestError(503, "unavailable", why), {"retry-after": "1"})
-        except Exception:  # a failing stage must not take the server down
-            counters.internal_errors += 1
-            _log.exception("unexpected error while answering %s", endpoint)
-            response = refuse(
-                RequestError(
-                    500, "internal_error", "the service failed to answer; the error is in the server log"
-                )
-            )
-        requests_total.labels(endpoint, str(response.status_code)).inc()
-        latency.labels(endpoint).observe(time.perf_counter() - start)
-        return response
-
-    if mode == "loop":
-
-        def score_work(body: bytes) -> Response:
-            check_still_wanted()  # the whole request runs inline: the last chance to drop it
-            return answer(service.handle(body))
-
-    else:
-        forward = in_thread if mode == "thread" else batched
-
-        async def score_work(body: bytes) -> Response:  # type: ignore[misc]
-            return answer(await service.handle_async(body, forward=forward))
-
-    async def predict_work(body: bytes) -> Response:
-        return answer(*(await through_batcher(body)))
-
-    def null_work(body: bytes) -> Response:
-        return Response(NULL_ANSWER, media_type="application/json")
-
-    @app.post("/score")
-    async def score(request: Request) -> Response:
-        return await run(request, "/score", score_work, cancellable=mode != "loop")
-
-    @app.post("/predict")
-    async def predict(request: Request) -> Response:
-        return await run(request, "/predict", predict_work, cancellable=True)
-
-    @app.post("/null")
-    async def null(request: Request) -> Response:
-        return await run(request, "/null", null_work, cancellable=False)
-
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        ready[0] = ready[0] or _all_loaded(ready_dir, n_workers)
-        body = {
-            "status": "ok" if ready[0] else "starting",
-            "model_version": service.model_version,
-            "worker_pid": os.getpid(),
-        }
-        return Response(
-            orjson.dumps(body), status_code=200 if ready[0] else 503, media_type="application/json"
-        )
-
-    @app.get("/stats")
-    async def stats() -> dict[str, Any]:
-        return {
-            **counters.as_dict(),
-            "worker_pid": os.getpid(),
-            "workers": n_workers,
-            "forward": mode,
-            "forward_cost_ms": cost_ms,
-            "config": config.describe(),
-            "batcher": batcher.stats.as_dict(),
-            "outcomes": None if (outcomes := door_counters()) is None else outcomes.as_dict(),
-        }
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
+    state = app.state
+    state.service, state.config, state.batcher = service, config, _batcher(config, service)
+    state.forward_mode, state.forward_cost_ms = mode, cost_ms
+    state.counters, state.metrics = AppCounters(), _Metrics()
+    state.executor = executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+    run_batcher_with(app, state.batcher, on_stop=lambda: executor.shutdown(wait=False, cancel_futures=True))
+    _add_scoring_routes(app, mode, body_timeout_s=body_timeout_s)
+    _add_status_routes(app)
     return app

@@ -4,8 +4,8 @@
 session with one intra-op thread, the feature store behind the in-process cache) and returns a
 ``ProductionService``: Lesson 2's ``ChurnService`` stages (strict JSON, the request schema, the
 feature check, Server-Timing), whose format stage builds the answer once and encodes it once, with
-``orjson`` or the standard ``json`` module. ``forward_cost_ms`` times the model call the way
-``forward="auto"`` decides where it runs.
+``orjson`` or the standard ``json`` module (``course_lib.serving.service.encode_answer``).
+``forward_cost_ms`` times the model call the way ``forward="auto"`` decides where it runs.
 
 References
 ----------
@@ -14,31 +14,28 @@ orjson README (``orjson.dumps`` returns bytes). ONNX Runtime documentation, "Thr
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import numpy as np
-import orjson
 
 from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 from course_lib.churn.model import load_or_train_churn_model
-from course_lib.core.checks import integer, one_of
-from course_lib.serving.batching.predict import churn_service
-from course_lib.serving.production._config import ENCODERS, FORWARD_PROBE_CALLS, ProductionConfig
-from course_lib.serving.service import ChurnService, Record, ScoreRequest
+from course_lib.core.checks import integer
+from course_lib.serving.production._config import FORWARD_PROBE_CALLS, ProductionConfig
+from course_lib.serving.service import ChurnService, Record, churn_service
 
 
 class ProductionService(ChurnService):
-    """``ChurnService`` whose answer is encoded once, with ``encoder`` ("orjson" or "json").
+    """``ChurnService`` with ``score_customer``, the work of ``/score`` for a server that parses itself.
 
-    Same fields, same rounding and the same refusal of a probability outside [0, 1] as
-    ``ChurnService.format`` (both build ``ChurnService.answer``).
+    Its answer is encoded once, with ``encoder`` ("orjson" by default here, or "json";
+    ``course_lib.serving.service.encode_answer``): same fields, same rounding and the same refusal of
+    a probability outside [0, 1] as every ``ChurnService`` (both build ``ChurnService.answer``).
     """
 
     def __init__(self, *args: Any, encoder: str = "orjson", **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.encoder = one_of("encoder", encoder, ENCODERS)
+        super().__init__(*args, encoder=encoder, **kwargs)
 
     def score_customer(self, customer_id: str) -> dict[str, object]:
         """The answer's fields for one customer id, for a server that parses the request itself.
@@ -56,10 +53,6 @@ class ProductionService(ChurnService):
         record = self.lookup(request)
         self.check_features(record)
         return self.answer(request, self.forward([record])[0])
-
-    def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
-        answer = self.answer(request, churn_probability)
-        return orjson.dumps(answer) if self.encoder == "orjson" else json.dumps(answer).encode()
 
 
 def build_service(config: ProductionConfig, *, churn_model: Any = None) -> ProductionService:

@@ -29,9 +29,7 @@ ASGI specification, HTTP ``http.disconnect`` event; Starlette ``Router(redirect_
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -45,6 +43,12 @@ from course_lib.serving.server import (
     door_counters,
     request_deadline,
 )
+from course_lib.serving.service._answers import (
+    AppCounters,
+    ClientGoneError,
+    DeadlineExceededError,
+    error_answer,
+)
 from course_lib.serving.service._pipeline import (
     MAX_BODY_BYTES,
     MAX_DRAIN_BYTES,
@@ -54,28 +58,8 @@ from course_lib.serving.service._pipeline import (
 )
 
 T = TypeVar("T")
-_log = logging.getLogger("course_lib.serving.service")
-
-
-class ClientGoneError(Exception):
-    """The client disconnected before its answer was ready; nobody will read a response."""
-
-
-class DeadlineExceededError(Exception):
-    """The request's deadline (``x-request-timeout-ms``) passed before its answer was ready."""
-
-
-@dataclass
-class AppCounters:
-    """Requests that ended without an answer the client could read (``GET /stats``)."""
-
-    client_disconnects: int = 0
-    body_timeouts: int = 0
-    deadline_expired: int = 0
-    internal_errors: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+#: What an app runs once the request's body is read: body -> its answer.
+Work = Callable[[bytes], Awaitable[Response]]
 
 
 def is_json_content_type(value: str) -> bool:
@@ -83,11 +67,6 @@ def is_json_content_type(value: str) -> bool:
     media = value.split(";", 1)[0].strip().lower()
     kind, _, subtype = media.partition("/")
     return kind == "application" and (subtype == "json" or (subtype.endswith("+json") and len(subtype) > 5))
-
-
-def refuse(err: RequestError, headers: dict[str, str] | None = None) -> Response:
-    """The JSON error response for ``err``."""
-    return Response(err.body(), status_code=err.status_code, media_type="application/json", headers=headers)
 
 
 async def read_json_body(request: Request, *, body_timeout_s: float = DEFAULTS.body_timeout_s) -> bytes:
@@ -192,6 +171,43 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
 
 
+async def answer_request(
+    request: Request,
+    work: Work,
+    counters: AppCounters,
+    *,
+    body_timeout_s: float = DEFAULTS.body_timeout_s,
+    cancellable: bool = True,
+) -> Response:
+    """Read the body, run ``work(body)`` and answer; every failure becomes its answer (``error_answer``).
+
+    Parameters
+    ----------
+    request : starlette.requests.Request
+    work : async callable, body bytes -> Response
+        The endpoint's work once the body is read (its model stage runs ``check_still_wanted`` first).
+    counters : AppCounters
+        Incremented for a disconnect, a deadline, a body timeout or an internal error.
+    body_timeout_s : float
+        Longest wait for the request body (408 after it).
+    cancellable : bool
+        True: ``work`` is cancelled when the client disconnects or the deadline passes
+        (``cancel_on_disconnect``). False: it is awaited directly; work without a suspension point
+        then runs to its end before the event loop could notice a disconnect.
+
+    Returns
+    -------
+    fastapi.responses.Response
+        ``work``'s answer, or the answer to its failure (the 4xx/5xx of
+        ``course_lib.serving.service._answers``); nothing is raised but ``asyncio.CancelledError``.
+    """
+    try:
+        body = await read_json_body(request, body_timeout_s=body_timeout_s)
+        return await (cancel_on_disconnect(request, work(body)) if cancellable else work(body))
+    except Exception as exc:  # a failing stage must not take the server down
+        return error_answer(exc, counters, path=request.url.path)
+
+
 def create_app(
     service: ChurnService,
     *,
@@ -225,31 +241,9 @@ def create_app(
     app.state.forward = forward
     app.state.counters = counters = AppCounters()
 
-    async def handle(request: Request, run: Callable[[bytes], Awaitable[Response]]) -> Response:
+    async def handle(request: Request, run: Work) -> Response:
         """Read the body, run ``run(body)`` until done or the client leaves, map failures to 4xx/5xx."""
-        try:
-            body = await read_json_body(request, body_timeout_s=body_timeout_s)
-            return await cancel_on_disconnect(request, run(body))  # run's model stage checks first
-        except ClientGoneError:
-            counters.client_disconnects += 1
-            return Response(status_code=499)  # never delivered: the client is gone
-        except DeadlineExceededError:
-            counters.deadline_expired += 1
-            return refuse(
-                RequestError(504, "deadline_exceeded", "the request's deadline passed before it was scored")
-            )
-        except RequestError as err:
-            if err.status_code == 408:
-                counters.body_timeouts += 1
-            return refuse(err, {"connection": "close"} if err.status_code in (408, 413, 415) else None)
-        except Exception:  # a failing stage must not take the server down
-            counters.internal_errors += 1
-            _log.exception("unexpected error while answering %s", request.url.path)
-            return refuse(
-                RequestError(
-                    500, "internal_error", "the service failed to answer; the error is in the server log"
-                )
-            )
+        return await answer_request(request, run, counters, body_timeout_s=body_timeout_s)
 
     app.state.handle = handle
 

@@ -10,17 +10,19 @@ the source lesson's latency budget, each one real and each one timed:
 4. ``forward``: the model (native XGBoost pipeline or ONNX Runtime);
 5. ``format``: building the JSON response body.
 
-``ChurnService.handle`` runs stages 2-5 in-process (no network); ``course_lib.serving.service._app.create_app``
-serves the same stages over HTTP and reports them in a ``Server-Timing`` header;
+``ChurnService.handle`` runs stages 2-5 in-process (no network);
+``course_lib.serving.service._app.create_app`` serves the same stages over HTTP and reports them in a
+``Server-Timing`` header;
 ``course_lib.serving.service._client.ChurnClient`` adds the transport stage on the client side; the
 model-forward adapters are ``course_lib.serving.service._forward``'s (``course_lib.serving.service``
 re-exports them all). Bad requests are answered with a 4xx whose JSON body
 says why (400 bad JSON or a duplicate key, 404 unknown customer, 413 body too large, 415 not JSON,
 422 wrong or missing fields, or customer features outside ``course_lib.churn.schema``).
 
-The JSON parser (``course_lib.serving.service._strict_json.decode_json``) is strict (RFC 8259): UTF-8 only (a leading UTF-8 byte-order mark is ignored, as
-section 8.1 allows), no ``NaN``/``Infinity``, no key twice in one object (RFC 8259 section 4 leaves
-duplicates undefined, so we refuse them), at most ``MAX_JSON_DEPTH`` nested containers and numbers of
+The JSON parser (``course_lib.serving.service._strict_json.decode_json``) is strict (RFC 8259):
+UTF-8 only (a leading UTF-8 byte-order mark is ignored, as section 8.1 allows), no
+``NaN``/``Infinity``, no key twice in one object (RFC 8259 section 4 leaves duplicates undefined, so
+we refuse them), at most ``MAX_JSON_DEPTH`` nested containers and numbers of
 at most ``MAX_NUMBER_DIGITS`` digits; every refusal is a 400 with the course's own short reason.
 
 References
@@ -33,14 +35,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
+import orjson
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from course_lib.churn.schema import check_records
-from course_lib.core.checks import callable_
+from course_lib.core.checks import callable_, one_of
+from course_lib.core.vocabulary import ANSWER_ENCODERS
 from course_lib.serving.profiling import RequestProfile
 from course_lib.serving.service._forward import AsyncForward, Forward, Lookup
 from course_lib.serving.service._strict_json import JSONRefusedError, decode_json
@@ -162,6 +166,29 @@ def run_without_event_loop(coro: Coroutine[object, None, T]) -> T:
     )
 
 
+def encode_answer(answer: Mapping[str, object], encoder: str = "json") -> bytes:
+    """An answer's fields as JSON bytes, encoded once: ``json.dumps(...).encode()`` or ``orjson.dumps(...)``.
+
+    Both give the same JSON value (same keys and numbers; the standard module puts a space after
+    ``:`` and ``,``, orjson none).
+
+    Raises
+    ------
+    ValueError
+        For an ``encoder`` not in ``course_lib.core.vocabulary.ANSWER_ENCODERS``.
+
+    References
+    ----------
+    orjson README (``orjson.dumps`` returns bytes).
+    """
+    if encoder == "json":
+        return json.dumps(answer).encode()
+    if encoder == "orjson":
+        return orjson.dumps(answer)
+    one_of("encoder", encoder, ANSWER_ENCODERS)  # raises: neither of the two
+    raise AssertionError("unreachable")
+
+
 class ChurnService:
     """The scoring pipeline's stages, shared by the in-process path and the HTTP app.
 
@@ -175,6 +202,15 @@ class ChurnService:
         Echoed in every answer, so a caller knows which model scored it.
     lookup_mode, runtime : str
         Labels echoed in the answer (e.g. ``"indexed"``, ``"onnx"``).
+    encoder : {"json", "orjson"}
+        How the format stage encodes the answer (``encode_answer``); the same JSON either way.
+
+    Raises
+    ------
+    ValueError
+        For an ``encoder`` not in ``course_lib.core.vocabulary.ANSWER_ENCODERS``.
+    TypeError
+        If ``lookup`` or ``forward`` is not callable.
     """
 
     def __init__(
@@ -185,6 +221,7 @@ class ChurnService:
         model_version: str,
         lookup_mode: str = "",
         runtime: str = "",
+        encoder: str = "json",
     ):
         callable_("lookup", lookup)
         callable_("forward", forward)
@@ -193,6 +230,7 @@ class ChurnService:
         self.model_version = model_version
         self.lookup_mode = lookup_mode
         self.runtime = runtime
+        self.encoder = one_of("encoder", encoder, ANSWER_ENCODERS)
 
     def health(self) -> dict[str, object]:
         """What ``GET /healthz`` reports besides the model version: ``{"status": "ok"}`` here; a
@@ -300,14 +338,14 @@ class ChurnService:
 
     def format(self, request: ScoreRequest, churn_probability: float) -> bytes:
         """Stage 5: the JSON answer ``{"customer_id", "churn_probability", "model_version", ...}``
-        (``answer`` encoded once with the standard ``json`` module).
+        (``answer`` encoded once with ``self.encoder``: ``encode_answer``).
 
         Raises
         ------
         RequestError
             500 if the model returned a probability outside [0, 1] or NaN (never sent on silently).
         """
-        return json.dumps(self.answer(request, churn_probability)).encode()
+        return encode_answer(self.answer(request, churn_probability), self.encoder)
 
     # -- whole requests -----------------------------------------------------------------------
     def handle(self, body: bytes, *, request_id: str = "") -> ServiceResponse:
