@@ -173,10 +173,7 @@ NOT_YET_SPLIT: frozenset[str] = frozenset({
     "course_lib/measure/waterfall/_climb.py:interleaved_climb",
     "course_lib/measure/waterfall/_tools.py:tool_agreement",
     "course_lib/measure/waterfall/_tools.py:tool_comparison",
-    "course_lib/serving/batching/predict.py:create_batched_app",
-    "course_lib/serving/production/_app.py:create_production_app",
     "course_lib/serving/server/_runners.py:run_processes",
-    "course_lib/serving/service/_app.py:create_app",
 })  # fmt: skip
 
 
