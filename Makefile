@@ -121,7 +121,8 @@ test: first-run
 	$(BIN)/ruff check $(RUFF_PATHS)
 	$(BIN)/ruff format --check $(RUFF_PATHS)
 	$(MYPY)
-	$(BIN)/python -m pytest -q --doctest-modules --ignore-glob='*/__main__.py' course_lib
+	$(BIN)/python -m pytest -q --doctest-modules --ignore-glob='*/__main__.py' \
+		--ignore-glob='*/load_tools/scripts/*' course_lib
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
 
 # The same strict nbval run as `make test`, with LOAD_PROCS CPU-bound processes competing for the cores

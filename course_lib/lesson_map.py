@@ -97,10 +97,11 @@ def _canonical(dotted: str) -> str:
 
 def _known_modules(package_dir: Path) -> dict[str, list[Path]]:
     """Concept module -> its files: a public module is one file; a package is its ``__init__`` and
-    its private modules (``_x.py``, ``__main__.py``)."""
+    its private modules (``_x.py``, ``__main__.py``). A ``.py`` file in a folder that is no package (no
+    ``__init__.py``: package data such as the locustfile Locust runs) is a script, not a module."""
     modules: dict[str, list[Path]] = {}
     for path in sorted(package_dir.rglob("*.py")):
-        if "__pycache__" in path.parts:
+        if "__pycache__" in path.parts or not (path.parent / "__init__.py").exists():
             continue
         rel = path.relative_to(package_dir.parent).with_suffix("")
         modules.setdefault(_canonical(".".join(rel.parts)), []).append(path)
