@@ -196,7 +196,7 @@ class LessonMap:
         return sorted(nb for nb, mods in self.uses.items() if module in mods)
 
     def to_re_execute(self, changed: Iterable[str | Path]) -> tuple[list[str], list[str]]:
-        """Notebooks to re-execute after ``changed`` files changed, and the changed files the map cannot place.
+        """Notebooks to re-execute after the ``changed`` files changed, and the files the map cannot place.
 
         A ``course_lib`` source file names every notebook that runs its concept module
         (``course_lib/serving/service/_app.py`` -> ``course_lib.serving.service``); a notebook names
@@ -267,7 +267,7 @@ def layer_order(package_dir: Path = ROOT / PACKAGE) -> list[list[str]]:
 
 
 def summary_line(path: Path) -> str:
-    """The first line of the module docstring in ``path`` (empty if it has none), read without importing it."""
+    """The first line of the module docstring in ``path`` (empty if none), read without importing it."""
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
     return doc.splitlines()[0].strip() if doc else ""
 
@@ -279,8 +279,10 @@ def _markdown(text: str) -> str:
 
 
 def _short(notebook: str) -> tuple[int, str]:
-    """Sort key and label: ``notebooks/03_dynamic_batching.ipynb`` -> ``3``, ``exercises/source/ps1/ps1.ipynb``
-    -> ``ps1`` (lessons first, by number, then problem sets)."""
+    """Sort key and label of a notebook: lessons first, by number, then problem sets.
+
+    ``notebooks/03_dynamic_batching.ipynb`` -> ``3``, ``exercises/source/ps1/ps1.ipynb`` -> ``ps1``.
+    """
     stem = Path(notebook).stem
     head = stem.split("_", 1)[0]
     return (int(head), head.lstrip("0")) if head.isdigit() else (1_000, stem)

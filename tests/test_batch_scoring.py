@@ -1,4 +1,4 @@
-"""The batch-scoring job: chunking, parallel workers, resume after a SIGKILL, rejects with reasons, Dask, Triton."""
+"""Batch scoring: chunks, parallel workers, resume after a SIGKILL, rejects with reasons, Dask, Triton."""
 
 from __future__ import annotations
 
@@ -188,8 +188,12 @@ def test_a_store_without_the_feature_columns_is_refused(tmp_path, churn_model):
 
 def test_parallel_output_equals_the_single_process_output_bit_for_bit(churn_model, tmp_path):
     source = build_parquet_store(60_000, 7, folder=tmp_path, row_group_rows=5_000)
-    runs = {w: score_store(source, tmp_path / f"w{w}", churn_model, chunk_rows=5_000, workers=w,
-                           scored_at=AT, progress=False) for w in (1, 2, 3)}  # fmt: skip
+    runs = {
+        w: score_store(
+            source, tmp_path / f"w{w}", churn_model, chunk_rows=5_000, workers=w, scored_at=AT, progress=False
+        )
+        for w in (1, 2, 3)
+    }
     assert [runs[w].workers for w in (1, 2, 3)] == [1, 2, 3]
     assert len(runs[3].peak_rss_mib_by_process) == 3, "this process and two worker processes scored chunks"
     workers = {pid: n for pid, n in runs[3].scorers_by_process.items() if pid != "this"}
@@ -231,12 +235,15 @@ def test_a_worker_killed_mid_job_fails_the_job_instead_of_hanging(churn_model, t
 def test_a_job_killed_by_sigkill_resumes_to_the_same_files(tmp_path, churn_model):
     source = build_parquet_store(40_000, 3, folder=tmp_path, row_group_rows=2_000)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "course_lib.offline", "--source", str(source), "--out", str(out),
-           "--runtime", "xgboost", "--chunk-rows", "2000", "--workers", "2", "--no-progress"]  # fmt: skip
+    cmd = [sys.executable, "-m", "course_lib.offline", "--source", str(source), "--out", str(out)]
+    cmd += ["--runtime", "xgboost", "--chunk-rows", "2000", "--workers", "2", "--no-progress"]
     job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: len(glob.glob(str(out / "part-*.parquet"))) >= 3 or job.poll() is not None,
-                   timeout_s=300, what="three finished chunks")  # fmt: skip
+        wait_until(
+            lambda: len(glob.glob(str(out / "part-*.parquet"))) >= 3 or job.poll() is not None,
+            timeout_s=300,
+            what="three finished chunks",
+        )
         family = psutil.Process(job.pid).children(recursive=True)
     finally:
         job.send_signal(signal.SIGKILL)
@@ -255,8 +262,15 @@ def test_a_job_killed_by_sigkill_resumes_to_the_same_files(tmp_path, churn_model
     assert len(scores) == 40_000 and scores[ID_COLUMN].is_unique and (out / "_SUCCESS").exists()
     assert not list(out.glob(".*.tmp")), "the killed run's temporary files are gone"
     reference = tmp_path / "uninterrupted"
-    score_store(source, reference, churn_model, runtime="xgboost", chunk_rows=2_000, scored_at=recorded_at,
-                progress=False)  # fmt: skip
+    score_store(
+        source,
+        reference,
+        churn_model,
+        runtime="xgboost",
+        chunk_rows=2_000,
+        scored_at=recorded_at,
+        progress=False,
+    )
     assert same_output(out, reference)
 
 
@@ -276,8 +290,9 @@ def test_dask_writes_the_single_process_files_and_resumes_its_folders(churn_mode
     from course_lib.offline.dask_job import local_cluster, score_on_dask
 
     source = build_parquet_store(100_000, 0, folder=tmp_path, row_group_rows=25_000)
-    single = score_store(source, tmp_path / "single", churn_model, chunk_rows=25_000, workers=1, scored_at=AT,
-                         progress=False)  # fmt: skip
+    single = score_store(
+        source, tmp_path / "single", churn_model, chunk_rows=25_000, workers=1, scored_at=AT, progress=False
+    )
     half = tmp_path / "half"  # a score_store folder with two of its four parts, finished on Dask
     score_store(source, half, churn_model, chunk_rows=25_000, workers=1, scored_at=AT, progress=False)
     for i in (1, 3):
@@ -316,8 +331,14 @@ def test_dask_runs_twice_on_one_client_and_refuses_a_foreign_folder(churn_model,
 
 def test_every_triton_config_parses_into_modelconfig(churn_model, tmp_path):
     model = pipeline_to_onnx(churn_model.pipeline)
-    paths = export_triton_repository(tmp_path, model, churn_model.pipeline, max_batch_size=32,
-                                     preferred_batch_sizes=(8, 16), max_queue_delay_us=500)  # fmt: skip
+    paths = export_triton_repository(
+        tmp_path,
+        model,
+        churn_model.pipeline,
+        max_batch_size=32,
+        preferred_batch_sizes=(8, 16),
+        max_queue_delay_us=500,
+    )
     onnx_cfg, fil_cfg = parse_config(paths["churn"]), parse_config(paths["churn_fil"])
     assert onnx_cfg.platform == "onnxruntime_onnx" and onnx_cfg.max_batch_size == 32
     assert list(onnx_cfg.dynamic_batching.preferred_batch_size) == [8, 16]
@@ -348,8 +369,8 @@ def test_triton_knobs_are_checked_and_unknown_fields_cannot_parse(churn_model, t
 
 def test_the_benchmark_records_every_check_it_prints(tmp_path):
     record = tmp_path / "batch_scoring.json"
-    cmd = [sys.executable, "benchmarks/batch_scoring.py", "--customers", "20000", "--memory-customers", "30000",
-           "--repeats", "1", "--out", str(record)]  # fmt: skip
+    cmd = [sys.executable, "benchmarks/batch_scoring.py", "--customers", "20000"]
+    cmd += ["--memory-customers", "30000", "--repeats", "1", "--out", str(record)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
     for line in ("runtime candidates", "=== verdicts", "byte for byte: True", "30,000 customers"):
         assert line in done.stdout
@@ -367,8 +388,16 @@ def test_the_benchmark_records_every_check_it_prints(tmp_path):
 def test_the_command_starts_the_fork_server_only_where_workers_may_be_needed():
     from course_lib.offline.__main__ import _one_process
 
-    for argv in (["--workers", "1"], ["--workers=1"], ["--work", "1"], ["--workers=01"], ["--workers", "x"],
-                 ["--help"], ["-h"], ["--source", "s.parquet", "--workers"]):  # fmt: skip
+    for argv in (
+        ["--workers", "1"],
+        ["--workers=1"],
+        ["--work", "1"],
+        ["--workers=01"],
+        ["--workers", "x"],
+        ["--help"],
+        ["-h"],
+        ["--source", "s.parquet", "--workers"],
+    ):
         assert _one_process(argv), argv
     assert not _one_process(["--source", "s.parquet", "--workers", "2"])
 

@@ -215,7 +215,10 @@ class HandWrittenCheck:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line} in {self.function}(): checks {self.parameter!r} by hand: {self.message!r}"
+        return (
+            f"{self.path}:{self.line} in {self.function}(): "
+            f"checks {self.parameter!r} by hand: {self.message!r}"
+        )
 
 
 def _literal_text(node: ast.expr) -> str | None:
@@ -427,7 +430,9 @@ def test_a_planted_hand_written_check_is_caught(copied_package, kind):
         # a rule relating two arguments
         "def fine(min_calls: int, max_calls: int) -> None:\n"
         "    if max_calls < min_calls:\n"
-        '        raise InvalidArgumentError(f"max_calls must be >= min_calls={min_calls}, got {max_calls}")\n',
+        "        raise InvalidArgumentError(\n"
+        '            f"max_calls must be >= min_calls={min_calls}, got {max_calls}"\n'
+        "        )\n",
         # a data check on a local value
         "def fine(frame) -> None:\n"
         "    arr = frame.to_numpy()\n"

@@ -40,8 +40,9 @@ def test_the_generator_reports_its_cpu_and_its_spin_on_the_null_server():
 def test_k6_cpu_by_the_difference_of_two_runs():
     """Start-up cancels; what is left is k6's cost per request while sending (under 10 ms on any laptop)."""
     with serve_null(lifetime_s=120) as url:
-        cpu_s = k6_cpu_s_per_request(url + "/score", rate_rps=500.0, duration_s=2.0, ids=IDS,
-                                     pre_allocated_vus=10, max_vus=50)  # fmt: skip
+        cpu_s = k6_cpu_s_per_request(
+            url + "/score", rate_rps=500.0, duration_s=2.0, ids=IDS, pre_allocated_vus=10, max_vus=50
+        )
     assert math.isfinite(cpu_s) and 0 < cpu_s < 0.01
 
 
@@ -51,19 +52,28 @@ def test_bad_arguments_are_named():
             k6_cpu_s_per_request(
                 "http://127.0.0.1:9/score", **{"rate_rps": 10, "duration_s": 1.0, "ids": IDS, **bad}
             )
-    cases = [({"repeats": 0}, "repeats"), ({"duration_s": 0.5}, "duration_s"), ({"rates_rps": [-5.0]}, "rates_rps"),
-             ({"rates_rps": []}, "rates_rps"), ({"ids": []}, "ids")]  # fmt: skip
+    cases = [
+        ({"repeats": 0}, "repeats"),
+        ({"duration_s": 0.5}, "duration_s"),
+        ({"rates_rps": [-5.0]}, "rates_rps"),
+        ({"rates_rps": []}, "rates_rps"),
+        ({"ids": []}, "ids"),
+    ]
     for bad, name in cases:
+        kwargs = {"ids": IDS, "rates_rps": [10.0], **bad}
         with pytest.raises(InvalidArgumentError, match=name):
-            client_cpu_table(None, "http://127.0.0.1:9/score", **{"ids": IDS, "rates_rps": [10.0], **bad})  # type: ignore[arg-type]
+            client_cpu_table(None, "http://127.0.0.1:9/score", **kwargs)  # type: ignore[arg-type]
 
 
 def test_record_round_trip_and_lookup(tmp_path):
-    table = pd.DataFrame(
-        {"tool": ["course generator", "k6", "course generator", "k6"], "rate_rps": [500.0, 500.0, 500.0, 500.0],
-         "repeat": [0, 0, 1, 1], "cpu_us_per_request": [100.0, 300.0, 120.0, 340.0],
-         "spin_us_per_request": [60.0, math.nan, 70.0, math.nan], "cores": [0.05, 0.15, 0.06, 0.17]}
-    )  # fmt: skip
+    columns = ["tool", "rate_rps", "repeat", "cpu_us_per_request", "spin_us_per_request", "cores"]
+    rows = [
+        ("course generator", 500.0, 0, 100.0, 60.0, 0.05),
+        ("k6", 500.0, 0, 300.0, math.nan, 0.15),
+        ("course generator", 500.0, 1, 120.0, 70.0, 0.06),
+        ("k6", 500.0, 1, 340.0, math.nan, 0.17),
+    ]
+    table = pd.DataFrame(rows, columns=columns)
     path = save_client_cpu(table, tmp_path / "cpu.json", repeats=2, duration_s=3.0)
     record = load_client_cpu(path)
     assert record.median_us("k6") == 320.0 and record.median_us("course generator", 500.0) == 110.0

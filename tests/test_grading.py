@@ -1,4 +1,4 @@
-"""course_lib.grading on a small gradebook built with nbgrader's own API (no kernels: seconds, not minutes)."""
+"""course_lib.grading on a small gradebook built with nbgrader's API (no kernels: seconds, not minutes)."""
 
 from __future__ import annotations
 
@@ -373,7 +373,11 @@ found["sees_gradebook"] = os.path.exists("../../../gradebook.db")
 found["sees_sibling"] = os.path.exists("../../bo")
 found["sees_shadow"] = os.path.exists("/etc/shadow")
 import course_lib, pandas  # the course environment works inside
-for name, path in (("course_lib", os.path.join(os.path.dirname(course_lib.__file__), "x.py")), ("venv", sys.prefix + "/x.py"), ("root", "/x")):
+for name, path in (
+    ("course_lib", os.path.join(os.path.dirname(course_lib.__file__), "x.py")),
+    ("venv", sys.prefix + "/x.py"),
+    ("root", "/x"),
+):
     try:
         open(path, "w").close()
         found["wrote_" + name] = True
@@ -396,7 +400,9 @@ try:
     found["network"] = True
 except OSError:
     found["network"] = False
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # DETACHED-PROBE"], start_new_session=True)
+subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(300)  # DETACHED-PROBE"], start_new_session=True
+)
 print(json.dumps(found))
 """
 
@@ -667,7 +673,10 @@ def test_a_paused_sandbox_runs_nothing_until_the_block_ends(tmp_path, sandbox):
 def test_an_interpreter_started_through_a_relative_path_is_shown_to_the_kernel_at_its_absolute_path(
     tmp_path, monkeypatch
 ):
-    """``../.venv/bin/python -m course_lib.grading`` from exercises/: ``exercises/..`` is not in the sandbox."""
+    """``../.venv/bin/python -m course_lib.grading`` run from exercises/.
+
+    ``exercises/..`` is not in the sandbox: the kernel sees the interpreter at its absolute path.
+    """
     import os
 
     from course_lib.grading.view import kernel_view

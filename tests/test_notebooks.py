@@ -75,7 +75,8 @@ def test_lesson_prints_the_environment_first(path):
     assert any("env_report()" in src for src in first_code), "print env_report() in the first code cells"
     # the README promises it: a kernel that is not the course environment is told what to do
     assert "except ModuleNotFoundError" in first_code[0] and "make lab" in first_code[0], (
-        "the first code cell imports course_lib inside try / except ModuleNotFoundError with advice (as Lesson 1)"
+        "the first code cell imports course_lib inside try / except ModuleNotFoundError "
+        "with advice (as Lesson 1)"
     )
 
 
@@ -110,8 +111,10 @@ def test_lesson_defines_only_plotting_and_widget_helpers(path):
             if is_def and (isinstance(node, ast.ClassDef) or not node.name.startswith(HELPER_PREFIXES)):
                 found.append(node.name)
     assert not found, (
-        f"{path.name} defines {found} at top level: move the logic into course_lib (with tests) and import it; "
-        f"a lesson may define only plotting/widget functions named {HELPER_PREFIXES[0]}* or {HELPER_PREFIXES[1]}*"
+        f"{path.name} defines {found} at top level: "
+        "move the logic into course_lib (with tests) and import it; "
+        "a lesson may define only plotting/widget functions named "
+        f"{HELPER_PREFIXES[0]}* or {HELPER_PREFIXES[1]}*"
     )
 
 
@@ -181,17 +184,22 @@ def test_ruff_is_clean_on_the_lessons():
 
 _NUMBER = r"(?<![\w.])\d[\d,]*(?:\.\d+)?"
 _UNIT = (
-    r"(?:\s?(?:ms|µs|us|ns|s|seconds?|minutes?|req/s|requests (?:a|per) second|items a second|QPS|MB|KB|KiB|GB|bytes)\b"
+    r"(?:\s?(?:ms|µs|us|ns|s|seconds?|minutes?|req/s|requests (?:a|per) second|items a second"
+    r"|QPS|MB|KB|KiB|GB|bytes)\b"
     r"|\s?%|x\b|\s?times\b)"
 )
 _QUANTITY = re.compile(
-    rf"(?:about |~|roughly |nearly |almost |over |under |up to )?{_NUMBER}(?:\s?(?:to|-|–)\s?{_NUMBER})?{_UNIT}"
+    r"(?:about |~|roughly |nearly |almost |over |under |up to )?"
+    rf"{_NUMBER}(?:\s?(?:to|-|–)\s?{_NUMBER})?{_UNIT}"
 )
 REVIEWED_NUMBERS = json.loads((ROOT / "tests" / "fixtures" / "reviewed_numbers.json").read_text())
 
 
 def typed_quantities(path: Path) -> set[str]:
-    """Numbers with a unit of time, rate, size, ratio or share typed into a lesson's markdown (code spans skipped)."""
+    """Numbers with a unit of time, rate, size, ratio or share typed into a lesson's markdown.
+
+    Code spans are skipped.
+    """
     nb = json.loads(path.read_text())
     text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     return {m.group(0) for m in _QUANTITY.finditer(re.sub(r"`[^`]*`", "", text))}
@@ -205,10 +213,11 @@ def test_the_number_scan_finds_typed_measurements():
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
 def test_every_typed_number_next_to_a_measured_quantity_was_reviewed(path):
-    """A number with a unit in prose must be a source's figure, arithmetic on one, a constant of the course or a
-    deterministic output; anything measured on the student's machine is printed by code or asserted as a bound.
-    New hits are listed for review: check each against the rule, then add it to tests/fixtures/reviewed_numbers.json
-    under the reason that applies (``python tests/test_notebooks.py notebooks/NN_x.ipynb`` prints them)."""
+    """A number with a unit in prose must be a source's figure, arithmetic on one, a constant of the course
+    or a deterministic output; anything measured on the student's machine is printed by code or asserted
+    as a bound. New hits are listed for review: check each against the rule, then add it to
+    tests/fixtures/reviewed_numbers.json under the reason that applies
+    (``python tests/test_notebooks.py notebooks/NN_x.ipynb`` prints them)."""
     reviewed = {n for numbers in REVIEWED_NUMBERS.get(path.name, {}).values() for n in numbers}
     new = sorted(typed_quantities(path) - reviewed)
     assert not new, f"{path.name}: typed numbers next to measured quantities, not yet reviewed: {new}"
@@ -220,7 +229,10 @@ def test_every_typed_number_next_to_a_measured_quantity_was_reviewed(path):
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
 def test_every_image_output_has_alt_text(path):
-    """A figure's alternative text is the cell metadata key ``alt`` (``make html``'s template writes it into the page)."""
+    """A figure's alternative text is the cell metadata key ``alt``.
+
+    ``make html``'s template writes it into the page.
+    """
     nb = json.loads(path.read_text())
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":

@@ -1,4 +1,4 @@
-"""The one process toolkit (``course_lib.core.process``, the guard ``course_lib.core.guard``): ports, exit with the parent, stopping, logs."""
+"""The process toolkit (``core.process``, ``core.guard``): ports, exit with the parent, stopping, logs."""
 
 from __future__ import annotations
 
@@ -66,13 +66,17 @@ def test_child_env_names_the_parent_and_the_thread_it_was_started_from():
 
 
 def test_a_child_started_from_a_thread_that_ends_outlives_the_thread_but_not_the_parent(tmp_path):
-    """PR_SET_PDEATHSIG is only used from the main thread: a worker thread that ends must not kill the child."""
+    """PR_SET_PDEATHSIG is only used from the main thread.
+
+    A worker thread that ends must not kill the child it started.
+    """
     script = textwrap.dedent(
         """
         import sys, threading, time
         from course_lib.core.process import start_child
         box = []
-        code = "from course_lib.core.process import exit_with_parent; import time; exit_with_parent(); time.sleep(60)"
+        code = "from course_lib.core.process import exit_with_parent; import time; "
+        code += "exit_with_parent(); time.sleep(60)"
         t = threading.Thread(target=lambda: box.append(start_child([sys.executable, "-c", code])))
         t.start(); t.join()
         time.sleep(0.5)  # the starting thread is gone; the child must still run

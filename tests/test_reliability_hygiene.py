@@ -1,4 +1,4 @@
-"""Nothing outlives its parent: every kind of process the course starts, its parent killed with SIGKILL (issue 28).
+"""Nothing outlives its parent: each kind of process the course starts, with its parent SIGKILLed (issue 28).
 
 Issue 28 found ``GeneratorPool`` workers alive 120 s after their parent's SIGKILL, and replica logs and
 Redis folders left behind. Each parent here is a fresh Python process (a notebook kernel, say) that
@@ -43,7 +43,13 @@ def parents(files, out: Path) -> dict[str, tuple[str, int]]:
             f"""
             from course_lib.measure.load_tools.locust import run_locust
             ready("starting", wait=False)
-            run_locust("http://127.0.0.1:9", users=1, spawn_rate=1, run_time_s=120, csv_prefix={str(out / "locust")!r})""",
+            run_locust(
+                "http://127.0.0.1:9",
+                users=1,
+                spawn_rate=1,
+                run_time_s=120,
+                csv_prefix={str(out / "locust")!r},
+            )""",
             2,
         ),
         "run_processes (2 workers)": (
@@ -56,7 +62,9 @@ def parents(files, out: Path) -> dict[str, tuple[str, int]]:
         "replica": (
             f"""
             from course_lib.serving.replica import start_replica
-            replica = start_replica({str(files.onnx_path)!r}, {str(files.store_path)!r}, {files.model_version!r})
+            replica = start_replica(
+                {str(files.onnx_path)!r}, {str(files.store_path)!r}, {files.model_version!r}
+            )
             ready(replica.url)""",
             1,
         ),

@@ -214,7 +214,8 @@ def test_slow_headers_are_cut_off_and_the_server_keeps_serving(url, client):
 def test_a_half_sent_body_gets_408_after_the_body_timeout(url, client):
     with raw_connection(url) as sock:
         sock.sendall(
-            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
         )
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408")
@@ -250,12 +251,14 @@ def test_a_server_stops_at_its_lifetime_even_with_a_half_sent_body(store_folder)
         proc = urls.processes["short"]
         with raw_connection(urls["short"]) as sock:
             sock.sendall(
-                b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{"
+                b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 50\r\n\r\n{"
             )
             wait_until(
                 lambda: proc.poll() is not None, timeout_s=30, what="the server to exit at its lifetime"
             )
-    # 0 or -SIGTERM (uvicorn re-raises the signal after its graceful shutdown); 3: our hard exit; never -SIGKILL
+    # 0 or -SIGTERM (uvicorn re-raises the signal after its graceful shutdown); 3: our hard exit;
+    # never -SIGKILL
     assert proc.returncode in (0, -signal.SIGTERM, 3)
 
 

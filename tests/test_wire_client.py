@@ -35,7 +35,10 @@ def _answer(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
 
 
 async def _scripted_server(script):
-    """A server whose ``script(request_body, n)`` answers request n: bytes, (delay_s, bytes) or None (hang up)."""
+    """A server whose ``script(request_body, n)`` answers request n.
+
+    The script returns the answer's bytes, ``(delay_s, bytes)``, or None to hang up.
+    """
     seen = {"requests": 0, "connections": 0}
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -190,7 +190,8 @@ def prune_trees(pipeline: Pipeline, n_trees: int, *, nthread: int = DEFAULT_NTHR
     Raises
     ------
     ValueError
-        If the pipeline has no fitted XGBoost step or ``n_trees`` is outside [1, served trees] (:func:`served_rounds`).
+        If the pipeline has no fitted XGBoost step or ``n_trees`` is outside [1, served trees]
+        (:func:`served_rounds`).
     """
     total = _booster_rounds(pipeline)
     n_trees = integer("n_trees", n_trees, min=1, max=total)

@@ -1,4 +1,4 @@
-"""The one declared schema of the 19 model inputs: types, finiteness and allowed ranges, checked at every entry.
+"""The one declared schema of the 19 model inputs: types, finiteness and ranges, checked at every entry.
 
 A tree model scores anything it is given: ``monthly_charges = inf`` or ``tenure = -5`` falls down some
 branch and comes out as an ordinary-looking probability. So every path that hands features to a model

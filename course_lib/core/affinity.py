@@ -57,7 +57,8 @@ class CoreSplit:
         shared = sorted(set(server) & set(tools))
         if shared:
             raise InvalidArgumentError(
-                f"server={list(server)} and tools={list(tools)} share core(s) {shared}: each core goes to one side"
+                f"server={list(server)} and tools={list(tools)} share core(s) {shared}: "
+                "each core goes to one side"
             )
         object.__setattr__(self, "server", server)
         object.__setattr__(self, "tools", tools)
@@ -135,7 +136,7 @@ def sides(pin: CoreSplit | None) -> tuple[tuple[int, ...] | None, tuple[int, ...
 
 
 def pin_option(text: str) -> CoreSplit | None:
-    """``argparse`` type of ``--pin-server-cores N``: :func:`split_cores` of ``N``, or None for 0 (no pinning).
+    """``argparse`` type of ``--pin-server-cores N``: :func:`split_cores` of ``N``, or None for 0 (no pins).
 
     Raises
     ------

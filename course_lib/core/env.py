@@ -165,5 +165,6 @@ def course_environment(lock: str | Path = _LOCK) -> str:
         + ", ".join(wrong[:3])
         + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
         + ". Timings and outputs may differ from the lessons'; start JupyterLab with `make lab` in the "
-        "repository and use its Python 3 kernel (elsewhere: `make kernel`, then 'Python (Inference Workbook)')"
+        "repository and use its Python 3 kernel "
+        "(elsewhere: `make kernel`, then 'Python (Inference Workbook)')"
     )

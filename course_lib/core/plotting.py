@@ -81,7 +81,10 @@ def tick_label(value: float) -> str:
 def set_log_ticks(
     ax: Any, low: float, high: float, *, axis: str = "x", min_ticks: int = 4, max_ticks: int | None = None
 ) -> list[float]:
-    """Put :func:`log_ticks` on ``ax``'s ``axis`` ("x" or "y") as :func:`tick_label` numbers; minor labels off."""
+    """Put :func:`log_ticks` on ``ax``'s ``axis`` ("x" or "y"), labelled by :func:`tick_label`.
+
+    Minor tick labels are turned off. Returns the ticks placed.
+    """
     from matplotlib.ticker import NullFormatter  # noqa: PLC0415 (heavy optional dependency)
 
     one_of("axis", axis, ("x", "y"))

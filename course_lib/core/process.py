@@ -265,7 +265,10 @@ def stop_processes(
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 5.0, *, group: bool = True) -> int:
-    """SIGTERM (to the process group if ``group``), wait up to ``timeout_s``, then SIGKILL; reap. The exit code."""
+    """SIGTERM (to the process group if ``group``), wait up to ``timeout_s``, then SIGKILL; reap.
+
+    Returns the exit code (negative: the signal that ended it).
+    """
     return stop_processes([proc], timeout_s, group=group)[0]
 
 

@@ -57,7 +57,7 @@ def readable(transport: asyncio.BaseTransport | None) -> bool:
 
 
 def peek(transport: asyncio.BaseTransport | None) -> str:
-    """What the kernel holds for ``transport``'s connection: ``"bytes"``, ``"nothing"``, ``"end"`` or ``"reset"``.
+    """What the kernel holds for ``transport``'s socket: ``"bytes"``, ``"nothing"``, ``"end"`` or ``"reset"``.
 
     ``"reset"`` also for a transport without a socket (closed, or none). Never raises.
     """

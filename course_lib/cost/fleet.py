@@ -1,4 +1,4 @@
-"""The fleet cost model: replicas from peak traffic, the monthly bill, cost per 1,000 or 1,000,000 predictions.
+"""The fleet cost model: replicas from peak traffic, the monthly bill, cost per 1,000 or 1M predictions.
 
 * **Replicas** are sized for the *peak* (plus headroom), never the mean::
 

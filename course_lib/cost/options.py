@@ -1,4 +1,4 @@
-"""Serving options (a replica type, its price, throughput and their provenance) and what each costs at a traffic.
+"""Serving options (a replica type, its price, throughput and provenance) and what each costs at a traffic.
 
 :func:`plan_serving` sizes one option for a peak and prices it per prediction at the mean traffic with
 the fleet model of :mod:`course_lib.cost.fleet`; :func:`compare_options` puts several side by side.

@@ -204,11 +204,14 @@ class Question:
         return value
 
     def outcome(self, target: str, *args: Any, **kwargs: Any) -> Answer:
-        """Call ``target``; its :class:`~course_lib.grading.wire.Answer`, a returned value or a raised error."""
+        """Call ``target`` and return its :class:`~course_lib.grading.wire.Answer`.
+
+        The answer holds what ``target`` returned or the error it raised.
+        """
         return self._answer("call", target=target, args=args, kwargs=kwargs)
 
     def raises(self, exception: str, target: str, *args: Any, **kwargs: Any) -> None:
-        """Fail unless calling ``target`` raises ``exception`` (a built-in class name, e.g. ``"ValueError"``)."""
+        """Fail unless calling ``target`` raises ``exception``, a built-in class name (``"ValueError"``)."""
         answer = self.outcome(target, *args, **kwargs)
         if not (isinstance(answer.raised, Raised) and answer.raised.is_a(exception)):
             got = f"raised {answer.raised.name}" if answer.raised else "returned"

@@ -85,7 +85,8 @@ def _notebooks(course_root, assignment: str) -> list[str]:
             return [nb.name for nb in gradebook.find_assignment(assignment).notebooks]
         except MissingEntry:
             raise ValueError(
-                f"assignment {assignment!r} is not in the gradebook: run `nbgrader generate_assignment {assignment}`"
+                f"assignment {assignment!r} is not in the gradebook: "
+                f"run `nbgrader generate_assignment {assignment}`"
             ) from None
 
 
@@ -111,7 +112,9 @@ def error_lines(log: str) -> list[str]:
 
     Examples
     --------
-    >>> error_lines("[A | INFO] ok\\n[A | ERROR] Traceback (most recent call last):\\n  File x\\nKeyError: 1\\n[A | INFO] next")
+    >>> log = "[A | INFO] ok\\n[A | ERROR] Traceback (most recent call last):\\n"
+    >>> log += "  File x\\nKeyError: 1\\n[A | INFO] next"
+    >>> error_lines(log)
     ['[A | ERROR] Traceback (most recent call last):', '  File x', 'KeyError: 1']
     """
     kept: list[str] = []

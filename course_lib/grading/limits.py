@@ -203,7 +203,7 @@ class Containment:
         return found
 
     def peak_memory_bytes(self) -> int:
-        """The most memory the sandbox held so far, bytes, as its cgroup or the watchdog saw it (0: unknown)."""
+        """Peak memory of the sandbox so far, bytes, as its cgroup or the watchdog saw it (0: unknown)."""
         if self.memory_dir is not None:
             for name in ("memory.peak", "memory.max_usage_in_bytes"):
                 text = _read(self.memory_dir / name).strip()

@@ -227,7 +227,7 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     @property
     def containment_kind(self) -> str:
-        """How the whole sandbox is bounded (:data:`course_lib.grading.limits.CONTAINMENTS`), or ``"none"``."""
+        """What bounds the whole sandbox (:data:`course_lib.grading.limits.CONTAINMENTS`), or ``"none"``."""
         return self._containment.kind if self._containment is not None else "none"
 
     def peak_memory_bytes(self) -> int:

@@ -77,7 +77,10 @@ class SandboxUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class SandboxCheck:
-    """Outcome of :func:`find_sandbox`: ``mechanism`` (one of :data:`MECHANISMS`) or ``None`` with ``reason``."""
+    """Outcome of :func:`find_sandbox`: a ``mechanism`` (one of :data:`MECHANISMS`) or ``None``.
+
+    ``reason`` says why: the mechanism that works, or what failed for each one tried.
+    """
 
     mechanism: str | None
     executable: str | None

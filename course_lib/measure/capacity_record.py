@@ -60,7 +60,8 @@ class HttpCapacityRecord:
 
     def provenance(self) -> str:
         return (
-            f"Lesson 3's HTTP load test, {self.measured_at} on {self.cpu} ({self.usable_cores} usable cores), "
+            f"Lesson 3's HTTP load test, {self.measured_at} on {self.cpu} "
+            f"({self.usable_cores} usable cores), "
             f"p99 limit {self.p99_limit_ms:g} ms, ladder {self.ladder_rps} req/s; file {self.path.name}"
         )
 

@@ -43,7 +43,7 @@ async def run_hedged_load(
     max_duration_s: float = 60.0,
     pause_gc: bool = True,
 ) -> tuple[pd.DataFrame, HedgeStats]:
-    """Open-loop Poisson load (``course_lib.measure.loadgen.run_open_loop``) through a fresh ``HedgingClient``.
+    """Open-loop Poisson load (``course_lib.measure.loadgen.run_open_loop``) through a new ``HedgingClient``.
 
     Request ``i`` scores ``customer_ids[i % len]`` with request id ``f"{id_prefix}{i}"``, so two runs
     with the same prefix send the same requests (and a replica stalling by id stalls the same ones).

@@ -189,8 +189,13 @@ def hdr_explain_table(
     Examples
     --------
     >>> table = hdr_explain_table(range(1, 1061), qs=(50, 99))
-    >>> table[["nearest_rank", "hdr_rank", "rank_rule_ms"]].to_dict("index")
-    {50.0: {'nearest_rank': 530, 'hdr_rank': 530, 'rank_rule_ms': 0.0}, 99.0: {'nearest_rank': 1050, 'hdr_rank': 1049, 'rank_rule_ms': -1.0}}
+    >>> rows = table[["nearest_rank", "hdr_rank", "rank_rule_ms"]].to_dict("index")
+    >>> list(rows)
+    [50.0, 99.0]
+    >>> rows[50.0]
+    {'nearest_rank': 530, 'hdr_rank': 530, 'rank_rule_ms': 0.0}
+    >>> rows[99.0]
+    {'nearest_rank': 1050, 'hdr_rank': 1049, 'rank_rule_ms': -1.0}
     """
     lat = np.asarray(list(samples_ms) if not isinstance(samples_ms, np.ndarray) else samples_ms, float)
     rows = {float(q): hdr_explain(lat, q) for q in qs}

@@ -263,7 +263,7 @@ def variant_scorecard(
     batch_check_seed: int = 0,
     **latency_options: Unpack[_LatencyOptions],
 ) -> pd.DataFrame:
-    """Size, accuracy-versus-budget, batch independence and (optionally) latency of every variant in one table.
+    """Size, accuracy-versus-budget, batch independence and (optionally) latency of each variant in one table.
 
     Parameters
     ----------

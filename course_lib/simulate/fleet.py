@@ -180,7 +180,7 @@ def targets_for_utilization(utilization: float, capacity_rps: float) -> dict[str
 
 
 def _window_p99_s(delay_s: list[float], rate_per_s: list[float], weight: list[int], q: float = 0.99) -> float:
-    """Scalar version of :func:`mixture_quantile_s` for one short window (pure Python: fast for ~30 values)."""
+    """:func:`mixture_quantile_s` for one short window, in pure Python (faster for ~30 values)."""
     total = sum(weight)
     if total == 0:
         return 0.0

@@ -229,7 +229,8 @@ class OnnxChurnScorer:
             if name in self._string_inputs:
                 if pd.api.types.is_numeric_dtype(col) and not isinstance(col.dtype, pd.CategoricalDtype):
                     raise ValueError(
-                        f"column {name!r} must hold strings (one of {list(CATEGORICAL_LEVELS[name])}), got dtype {col.dtype}"
+                        f"column {name!r} must hold strings (one of {list(CATEGORICAL_LEVELS[name])}), "
+                        f"got dtype {col.dtype}"
                     )
             elif not pd.api.types.is_numeric_dtype(col):
                 raise ValueError(f"column {name!r} must be numeric, got dtype {col.dtype}")

@@ -1,4 +1,4 @@
-"""Hedged requests measured so that the effect resolves: settings taking turns in rounds, and how busy each process was.
+"""Hedged requests measured so the effect resolves: settings take turns in rounds; how busy each process was.
 
 Lesson 7 compares hedge settings (no hedging, a hedge after the replica's own p95, ...) on two real
 replicas. One run per setting says little on a shared machine: its p99 moves with whatever else ran
@@ -217,8 +217,14 @@ def busy_fractions(pids: Mapping[str, int], *, others: bool = False) -> Iterator
 
     def machine_busy_s() -> float:
         times = psutil.cpu_times()
-        return float(times.user + times.system + getattr(times, "nice", 0.0) + getattr(times, "irq", 0.0)
-                     + getattr(times, "softirq", 0.0) + getattr(times, "steal", 0.0))  # fmt: skip
+        return float(
+            times.user
+            + times.system
+            + getattr(times, "nice", 0.0)
+            + getattr(times, "irq", 0.0)
+            + getattr(times, "softirq", 0.0)
+            + getattr(times, "steal", 0.0)
+        )
 
     def cpu_s(proc: Any) -> float:
         times = proc.cpu_times()

@@ -1,4 +1,4 @@
-"""Ready-made targets for the open-loop generator: in-process coroutines, httpx, aiohttp, the wire client, a fresh batcher.
+"""Open-loop generator targets: in-process coroutines, httpx, aiohttp, the wire client, a fresh batcher.
 
 ``course_lib.measure.loadgen.run_open_loop`` sends request ``i`` by awaiting ``send(i)``; these build such a
 ``send`` from what is under test. The ``*_target`` functions that return a factory (a zero-argument
@@ -52,7 +52,10 @@ def _field_names(fields: Iterable[str]) -> tuple[str, ...]:
 
 
 def _raise_unless_2xx(status: int, body: bytes, retry_after: str | None) -> None:
-    """``HttpStatusError`` (429/503 count as shed) for a non-2xx answer, naming the status and the body's start."""
+    """Raise ``HttpStatusError`` for a non-2xx answer, naming the status and the body's start.
+
+    For a 429 or 503 the error's ``shed`` is true: the load generator counts it as shed, not as an error.
+    """
     if not 200 <= status < 300:
         raise HttpStatusError(status, body.decode("utf-8", errors="replace"), retry_after=retry_after)
 
@@ -117,7 +120,8 @@ def batcher_target(
     score_batch : the batch score function.
     items : request payloads, sent round-robin.
     fields : attributes of ``BatchedResult`` to record.
-    **batcher_kwargs : knobs of ``course_lib.serving.batching.batcher.DynamicBatcher`` (``max_batch_size``, ...).
+    **batcher_kwargs : knobs of ``course_lib.serving.batching.batcher.DynamicBatcher``
+        (``max_batch_size``, ...).
     """
     DynamicBatcher(score_batch, **batcher_kwargs)  # validate the knobs now, not mid-sweep
     names = _field_names(fields)

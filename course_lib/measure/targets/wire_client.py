@@ -121,9 +121,13 @@ class _Connection(asyncio.Protocol):
         if not self.parser.should_keep_alive():
             self.abort()  # the whole answer is in: nothing left to send or read
         waiter.set_result(
-            WireAnswer(status=status, body=b"".join(self._body), headers=dict(self._headers),
-                       wire_ms=1000.0 * (done - self._sent))
-        )  # fmt: skip
+            WireAnswer(
+                status=status,
+                body=b"".join(self._body),
+                headers=dict(self._headers),
+                wire_ms=1000.0 * (done - self._sent),
+            )
+        )
 
     def _fail(self, exc: Exception) -> None:
         waiter, self._waiter = self._waiter, None
@@ -140,7 +144,7 @@ class _Connection(asyncio.Protocol):
         return readable(self.transport)  # an end of stream, a reset, or bytes nobody asked for
 
     def abort(self) -> None:
-        """Drop the connection now, with whatever is still buffered (``transport.close`` would wait for it)."""
+        """Drop the connection now, with whatever is still buffered (``transport.close`` waits for it)."""
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -203,7 +207,8 @@ class WireClient:
             or any(ch.isspace() for ch in path)
         ):
             raise ValueError(
-                f"url must be http://host[:port]/path (no user info, an ASCII path without spaces), got {url!r}"
+                "url must be http://host[:port]/path (no user info, an ASCII path without spaces), "
+                f"got {url!r}"
             )
         self.host, self.port, self.path = parts.hostname, parts.port or 80, path
         self.max_connections = integer("max_connections", max_connections, min=1)

@@ -109,7 +109,8 @@ def measure_hit_miss(
     per_round = n // rounds
     if per_round < 1:
         raise checks.InvalidArgumentError(
-            f"need at least warmup + rounds = {warmup + rounds} ids of each kind, got {len(plain_ids)} and {len(cached_ids)}"
+            f"need at least warmup + rounds = {warmup + rounds} ids of each kind, "
+            f"got {len(plain_ids)} and {len(cached_ids)}"
         )
     for cid in plain_ids[:warmup]:
         plain.timed_score(cid)

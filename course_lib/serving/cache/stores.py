@@ -373,4 +373,7 @@ class RedisPredictionCache(PredictionCache):
         self.client.close()
 
     def __repr__(self) -> str:
-        return f"RedisPredictionCache(ttl_s={self.ttl_s:g}, namespace={self.namespace!r}, timeout_s={self.timeout_s:g})"
+        return (
+            f"RedisPredictionCache(ttl_s={self.ttl_s:g}, namespace={self.namespace!r}, "
+            f"timeout_s={self.timeout_s:g})"
+        )

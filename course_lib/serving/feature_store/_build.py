@@ -73,7 +73,7 @@ def feature_store_path(
 
 @dataclass(frozen=True)
 class FeatureStoreBuild:
-    """What ``build_feature_store`` did: the file, whether it was built now or reused, and how long it took."""
+    """What ``build_feature_store`` did: the file, whether it was built or reused, and how long it took."""
 
     path: Path
     n_customers: int

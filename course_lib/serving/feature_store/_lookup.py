@@ -236,7 +236,7 @@ class CachedFeatureStore:
         return None
 
     def warm(self, customer_ids: list[str]) -> int:
-        """Load ``customer_ids`` into the cache without counting hits or misses; returns how many were found."""
+        """Load ``customer_ids`` into the cache without counting hits or misses; the number found."""
         found = 0
         for cid in customer_ids:
             record = self.store.get(cid, use_index=True)  # warming is set-up, not traffic: use the index

@@ -1,4 +1,4 @@
-"""Per-request stage timing: a stage timer, request profiles, the latency budget, the ``Server-Timing`` header.
+"""Per-request stage timing: stage timer, request profiles, the latency budget, the ``Server-Timing`` header.
 
 * ``_stages``: ``StageTimer``, ``RequestProfile``, ``LatencyBudget`` (p50/p95/p99 per stage, SLO flags),
   ``profile_requests``;

@@ -43,7 +43,7 @@ class RoundsProfile:
         q: float = 50,
         confidence: float = 0.95,
     ) -> RatioInterval:
-        """``candidate``'s q-th percentile of ``stage`` over ``baseline``'s, round by round, with its interval.
+        """``candidate``'s q-th percentile of ``stage`` over ``baseline``'s, round by round, and its interval.
 
         Raises
         ------

@@ -74,10 +74,12 @@ def format_server_timing(stages_ms: Mapping[str, float], *, decimals: int = 3) -
     ----------
     W3C, "Server Timing", section "The Server-Timing header field".
     """
-    return ", ".join(
-        f"{check_metric_name(name)};dur={positive_number(f'stages_ms[{name!r}]', ms, allow_zero=True):.{decimals}f}"
-        for name, ms in stages_ms.items()
-    )
+    entries = []
+    for name, ms in stages_ms.items():
+        metric = check_metric_name(name)
+        dur_ms = positive_number(f"stages_ms[{name!r}]", ms, allow_zero=True)
+        entries.append(f"{metric};dur={dur_ms:.{decimals}f}")
+    return ", ".join(entries)
 
 
 def parse_server_timing(header: str) -> dict[str, float]:
