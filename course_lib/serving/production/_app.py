@@ -124,9 +124,9 @@ def create_production_app(
         mode = "loop" if cost_ms <= OFF_LOOP_ABOVE_MS else "thread"
     batcher: DynamicBatcher[Record, float] = DynamicBatcher(
         service.forward,
-        max_batch_size=config.max_batch_size,
-        max_queue_delay_ms=config.max_queue_delay_ms,
-        max_queue_size=config.max_queue_size,
+        max_batch_size=config.server.max_batch_size,
+        max_queue_delay_ms=config.server.max_queue_delay_ms,
+        max_queue_size=config.server.max_queue_size,
         dedup_key=customer_key,
         run_in_thread=True,
     )

@@ -34,14 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from course_lib.core.process import parent_to_watch, stop_processes
+from course_lib.core.vocabulary import ANSWER_ENCODERS, SERVING_RUNTIMES
 from course_lib.serving.production._app import READY_DIR_ENV, create_production_app, worker_ready_path
-from course_lib.serving.production._config import (
-    ENCODERS,
-    FORWARD_MODES,
-    PRODUCTION,
-    RUNTIMES,
-    ProductionConfig,
-)
+from course_lib.serving.production._config import FORWARD_MODES, PRODUCTION, ProductionConfig
 from course_lib.serving.server import (
     LOOPBACK_HOST,
     PARENT_PID_ENV,
@@ -56,43 +51,39 @@ from course_lib.serving.server import (
 _BACKLOG = 2048
 
 
-def parse_arguments(
-    argv: Sequence[str] | None = None,
-) -> tuple[argparse.Namespace, ProductionConfig, ServerConfig]:
-    """The command line: ``--port``, one flag per ``ProductionConfig`` lever, the ``ServerConfig`` flags."""
+def parse_arguments(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, ProductionConfig]:
+    """The command line: ``--port``, one flag per ``ProductionConfig`` lever, the ``ServerConfig`` flags.
+
+    Every default is ``PRODUCTION``'s (its ``server`` flags default to ``PRODUCTION.server``), so
+    ``parse_arguments(["--port=N", *config.to_argv()])`` gives back ``config``.
+    """
     parser = argparse.ArgumentParser(description="The production churn service on 127.0.0.1")
     parser.add_argument("--port", type=port_number, required=True)
-    parser.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime")
-    parser.add_argument("--forward", choices=FORWARD_MODES, default="auto")
-    parser.add_argument("--encoder", choices=ENCODERS, default="orjson")
-    parser.add_argument("--workers", type=int, default=None, help="default: one per usable core")
+    parser.add_argument("--runtime", choices=SERVING_RUNTIMES, default=PRODUCTION.runtime)
+    parser.add_argument("--forward", choices=FORWARD_MODES, default=PRODUCTION.forward)
+    parser.add_argument("--encoder", choices=ANSWER_ENCODERS, default=PRODUCTION.encoder)
+    parser.add_argument(
+        "--workers", type=int, default=PRODUCTION.workers, help="default: one per usable core"
+    )
     parser.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
-    add_arguments(parser)  # ServerConfig: lifetime, timeouts, connection limit, parser + loop, batcher knobs
-    parser.set_defaults(http=PRODUCTION.http, loop=PRODUCTION.loop)  # the production choice, not h11
+    add_arguments(parser, PRODUCTION.server)  # lifetime, timeouts, limits, parser + loop, batcher knobs
     args = parser.parse_args(argv)
-    server = from_arguments(args)
     config = ProductionConfig(
         runtime=args.runtime,
         forward=args.forward,
         encoder=args.encoder,
-        http=server.http,
-        loop=server.loop,
         workers=args.workers,
-        max_batch_size=server.max_batch_size,
-        max_queue_delay_ms=server.max_queue_delay_ms,
-        max_queue_size=server.max_queue_size,
+        server=from_arguments(args),
     )
-    return args, config, server
+    return args, config
 
 
-def _serve(
-    sock: socket.socket, args: argparse.Namespace, config: ProductionConfig, server: ServerConfig
-) -> None:
-    app = create_production_app(config, body_timeout_s=server.body_timeout_s)
+def _serve(sock: socket.socket, args: argparse.Namespace, config: ProductionConfig) -> None:
+    app = create_production_app(config, body_timeout_s=config.server.body_timeout_s)
     folder = os.environ.get(READY_DIR_ENV)
     if folder is not None:
         worker_ready_path(folder, os.getpid()).touch()
-    serve_app(app, port=args.port, config=server, sock=sock)
+    serve_app(app, port=args.port, config=config.server, sock=sock)
 
 
 def _supervise(sock: socket.socket, argv: Sequence[str], n_workers: int, server: ServerConfig) -> int:
@@ -139,9 +130,9 @@ def _supervise(sock: socket.socket, argv: Sequence[str], n_workers: int, server:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the production churn app on 127.0.0.1 (see the module docstring); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, config, server = parse_arguments(argv)
+    args, config = parse_arguments(argv)
     if args.worker_fd is not None:  # a worker of a supervisor: serve on the inherited socket
-        _serve(socket.socket(fileno=args.worker_fd), args, config, server)
+        _serve(socket.socket(fileno=args.worker_fd), args, config)
         return 0
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -149,6 +140,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock.listen(_BACKLOG)
     sock.set_inheritable(True)
     if config.n_workers == 1:
-        _serve(sock, args, config, server)
+        _serve(sock, args, config)
         return 0
-    return _supervise(sock, argv, config.n_workers, server)
+    return _supervise(sock, argv, config.n_workers, config.server)

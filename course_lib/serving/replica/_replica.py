@@ -62,7 +62,7 @@ from course_lib.serving.replica._middleware import (
     ReplicaState,
 )
 from course_lib.serving.server import (
-    DEFAULTS,
+    ServerConfig,
     add_arguments,
     from_arguments,
     listening_socket,
@@ -71,9 +71,9 @@ from course_lib.serving.server import (
 )
 
 _NO_STALLS = ReplicaConfig()  # frozen: safe as a default argument
-#: The runtime's limits a replica runs with unless told otherwise: ``DEFAULTS`` with the production
-#: service's parser and loop (httptools + uvloop).
-REPLICA_SERVER = DEFAULTS.replace(http=PRODUCTION.http, loop=PRODUCTION.loop)
+#: The runtime's limits a replica runs with unless told otherwise: the production service's
+#: (``PRODUCTION.server``: ``DEFAULTS`` with httptools + uvloop).
+REPLICA_SERVER = PRODUCTION.server
 
 
 def _warm_up(url: str, ids: list[str], state: ReplicaState) -> None:
@@ -129,12 +129,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-requests", type=int, default=0, help="requests to itself before ready")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
     parser.add_argument("--lazy-load", action="store_true", help="build the app on the first request")
-    add_arguments(parser)  # the runtime's limits, --lifetime-s among them
-    parser.set_defaults(http=REPLICA_SERVER.http, loop=REPLICA_SERVER.loop)
+    add_arguments(parser, REPLICA_SERVER)  # the runtime's limits, --lifetime-s among them
     return parser.parse_args(argv)
 
 
-def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float) -> Any:
+def _production_app(args: argparse.Namespace, store: Any, server: ServerConfig) -> Any:
     """The production churn app (one worker) over this replica's model file and feature store."""
     # function-level imports: the model stack loads in the replica process only
     from course_lib.churn.export import OnnxChurnScorer, make_session  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
@@ -142,7 +141,7 @@ def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float)
     from course_lib.serving.production import ProductionService, create_production_app  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
     from course_lib.serving.service import onnx_forward  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
 
-    config = PRODUCTION.replace(workers=1)
+    config = PRODUCTION.replace(workers=1, server=server)
     scorer = OnnxChurnScorer(make_session(args.onnx))
     scorer.check_model_version(args.model_version)
     service = ProductionService(
@@ -153,7 +152,7 @@ def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float)
         runtime=config.runtime,
         encoder=config.encoder,
     )
-    return create_production_app(config, service=service, body_timeout_s=body_timeout_s)
+    return create_production_app(config, service=service, body_timeout_s=server.body_timeout_s)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -167,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     state = ReplicaState(config=config, ready=config.warmup_requests == 0)
 
     def build() -> Any:
-        return _production_app(args, store, server_config.body_timeout_s)
+        return _production_app(args, store, server_config)
 
     app = ReplicaMiddleware(_LazyApp(build) if args.lazy_load else build(), state=state)
     sock = listening_socket(0)

@@ -19,11 +19,12 @@ from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from course_lib.core.vocabulary import LATENCY_BUCKETS_S, SERVER_OUTCOMES
 from course_lib.serving.server._config import DEFAULTS
 
-#: Upper bounds (s) of the latency histogram of ``ok`` answers (a Prometheus-style cumulative histogram).
-LATENCY_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-OUTCOMES: tuple[str, ...] = ("ok", "shed", "expired", "client_errors", "server_errors", "abandoned")
+#: The door's outcomes (``course_lib.core.vocabulary.SERVER_OUTCOMES``), under the name
+#: ``course_lib.serving.server`` has always exported.
+OUTCOMES = SERVER_OUTCOMES
 _CURRENT: contextvars.ContextVar[_Exchange | None] = contextvars.ContextVar("course_request", default=None)
 
 
