@@ -131,8 +131,9 @@ class ProductionConfig:
 
     def describe(self) -> str:
         """One line naming every lever, e.g. ``onnxruntime, forward auto, orjson, httptools + uvloop, 2 workers``."""
+        parser_and_loop = f"{self.server.http} + {self.server.loop}"
         return (
-            f"{self.runtime}, forward {self.forward}, {self.encoder}, {self.server.http} + {self.server.loop}, "
+            f"{self.runtime}, forward {self.forward}, {self.encoder}, {parser_and_loop}, "
             f"{self.n_workers} worker{'s' if self.n_workers != 1 else ''}"
         )
 
