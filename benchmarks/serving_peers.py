@@ -53,7 +53,7 @@ from course_lib.measure.waterfall import (  # noqa: E402  # noqa: E402
 )
 from course_lib.serving.feature_store import FeatureStore  # noqa: E402
 from course_lib.serving.production import ProductionConfig, production_command  # noqa: E402
-from course_lib.serving.server import DEFAULTS, run_processes  # noqa: E402
+from course_lib.serving.server import run_processes  # noqa: E402
 
 PRODUCTION_NAME = "production (uvicorn)"
 
@@ -98,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     ids = FeatureStore.open().sample_ids(2048, seed=2024)
     payloads = [{"customer_id": c} for c in ids]
     limit = args.p99_limit_ms
-    server = DEFAULTS.replace(lifetime_s=3600.0)
     env = {"PYTHONPATH": str(ROOT), "PEER_WORKERS": str(args.workers), "BENTOML_DO_NOT_TRACK": "True",
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     with contextlib.ExitStack() as stack:
@@ -108,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
             urls = dict(
                 stack.enter_context(
                     run_processes(
-                        {PRODUCTION_NAME: production_command(ProductionConfig(workers=args.workers), server)},
+                        {
+                            PRODUCTION_NAME: production_command(
+                                ProductionConfig(workers=args.workers).with_server(lifetime_s=3600.0)
+                            )
+                        },
                         startup_timeout_s=300,
                     )
                 )

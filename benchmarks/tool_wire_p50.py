@@ -36,7 +36,7 @@ from course_lib.measure.server_probes import wait_idle  # noqa: E402
 from course_lib.measure.waterfall import save_tool_wire_p50, spin_comparison, spin_table  # noqa: E402
 from course_lib.serving.feature_store import FeatureStore  # noqa: E402
 from course_lib.serving.production import PRODUCTION, production_command  # noqa: E402
-from course_lib.serving.server import DEFAULTS, run_processes  # noqa: E402
+from course_lib.serving.server import run_processes  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             pool = stack.enter_context(GeneratorPool(2))
         with pinned(server_cores):  # the server's workers: one per core it may use
             described = PRODUCTION.describe()
-            command = production_command(PRODUCTION, DEFAULTS.replace(lifetime_s=1800))
+            command = production_command(PRODUCTION.with_server(lifetime_s=1800))
             urls = stack.enter_context(run_processes({"production": command}, startup_timeout_s=300))
         stack.enter_context(pinned(tool_cores))  # this process, and k6 started from it
         base = dict(urls)["production"]

@@ -16,6 +16,7 @@ from course_lib.serving.production import (
     NULL_ANSWER,
     OFF_LOOP_ABOVE_MS,
     PRODUCTION,
+    PRODUCTION_SERVER,
     ProductionConfig,
     ProductionService,
     build_service,
@@ -42,11 +43,15 @@ def test_config_checks_every_lever_and_round_trips_through_the_command_line():
         ProductionConfig(workers=0)
     with pytest.raises(InvalidArgumentError, match="forward"):
         ProductionConfig(forward="gpu")
-    config = ProductionConfig(
-        runtime="xgboost", forward="thread", encoder="json", http="h11", loop="asyncio", workers=3
+    with pytest.raises(InvalidArgumentError, match="server"):
+        ProductionConfig(server={"http": "h11"})
+    config = ProductionConfig(runtime="xgboost", forward="thread", encoder="json", workers=3).with_server(
+        http="h11", loop="asyncio", max_batch_size=8
     )
-    _, parsed, server = parse_arguments(["--port=1", *config.to_argv()])
-    assert parsed == config and server.max_batch_size == config.max_batch_size
+    _, parsed = parse_arguments(["--port=1", *config.to_argv()])
+    assert parsed == config and parsed.server.max_batch_size == 8
+    _, default = parse_arguments(["--port=1"])
+    assert default == PRODUCTION and PRODUCTION.server == PRODUCTION_SERVER
     assert PRODUCTION.n_workers >= 1 and "httptools + uvloop" in PRODUCTION.describe()
 
 
@@ -199,10 +204,9 @@ def test_the_httptools_worker_is_guarded_like_h11_a_slow_header_is_cut_off():
     from urllib.parse import urlsplit
 
     from course_lib.core.waiting import wait_until
-    from course_lib.serving.server import DEFAULTS
 
-    config = ProductionConfig(workers=1, http="httptools", loop="uvloop")
-    with serve_production(config, server=DEFAULTS.replace(header_timeout_s=1.0)) as server:
+    config = ProductionConfig(workers=1).with_server(http="httptools", loop="uvloop", header_timeout_s=1.0)
+    with serve_production(config) as server:
         host, port = urlsplit(server.url).hostname, urlsplit(server.url).port
         with socket.create_connection((host, port), timeout=10) as slow:
             slow.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\n")  # and never the end of the headers

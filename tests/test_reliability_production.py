@@ -33,7 +33,7 @@ def service() -> ProductionService:
 
 @pytest.fixture(scope="module", params=["loop", "thread", "batcher"])
 def client(request, service):
-    config = ProductionConfig(workers=1, forward=request.param, max_queue_delay_ms=QUEUE_DELAY_MS)
+    config = ProductionConfig(workers=1, forward=request.param).with_server(max_queue_delay_ms=QUEUE_DELAY_MS)
     app = create_production_app(config, service=service)
     with serve_in_thread(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         yield c

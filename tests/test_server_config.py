@@ -93,3 +93,46 @@ def test_the_config_is_frozen_and_split_from_other_options():
     config, rest = split_config({"max_batch_size": 8, "runtime": "xgboost"})
     assert config == DEFAULTS.replace(max_batch_size=8) and rest == {"runtime": "xgboost"}
     assert config.batcher_kwargs()["max_batch_size"] == 8
+
+
+def test_add_arguments_takes_its_defaults_from_a_config():
+    production_like = DEFAULTS.replace(http="httptools", loop="uvloop", max_batch_size=8)
+    parser = add_arguments(argparse.ArgumentParser(), production_like)
+    assert from_arguments(parser.parse_args([])) == production_like
+    assert from_arguments(parser.parse_args(["--http=h11"])) == production_like.replace(http="h11")
+
+
+def test_a_worker_serves_on_the_listening_socket_it_inherited(monkeypatch):
+    """The one way k workers share a port: the starter's socket, named in LISTEN_FD_ENV, claimed once."""
+    import os
+    import socket
+
+    from course_lib.serving.server import (
+        LISTEN_FD_ENV,
+        inherit_env,
+        inherited_socket,
+        shared_listening_socket,
+    )
+
+    monkeypatch.delenv(LISTEN_FD_ENV, raising=False)
+    assert inherited_socket() is None  # no starter's socket: the server binds its own port
+    with shared_listening_socket() as shared:
+        assert shared.get_inheritable()
+        monkeypatch.setenv(LISTEN_FD_ENV, inherit_env(shared)[LISTEN_FD_ENV])
+        worker = inherited_socket()
+        assert worker is not None and worker.getsockname() == shared.getsockname()
+        assert LISTEN_FD_ENV not in os.environ  # a process this one starts does not claim it too
+        with socket.create_connection(shared.getsockname(), timeout=5):
+            accepted, _ = worker.accept()  # the one accept queue
+            accepted.close()
+        worker.detach()  # the same descriptor as `shared`, closed by its with block
+
+
+def test_start_server_quotes_the_log_of_a_server_that_exits_before_it_is_ready():
+    import sys
+
+    from course_lib.serving.server import start_server
+
+    argv = [sys.executable, "-c", "import sys; print('no model here', file=sys.stderr); sys.exit(3)"]
+    with pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*no model here"):
+        start_server(argv, name="broken", startup_timeout_s=30)

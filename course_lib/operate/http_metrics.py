@@ -21,8 +21,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from course_lib.core.vocabulary import SERVER_OUTCOMES
-from course_lib.serving.server import LATENCY_BUCKETS_S, DoorCounters
+from course_lib.core.vocabulary import LATENCY_BUCKETS_S, SERVER_OUTCOMES
+from course_lib.serving.server import DoorCounters
 
 __all__ = ["DoorCollector"]
 

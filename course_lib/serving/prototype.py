@@ -8,7 +8,7 @@ compares at the knee:
 
 * ``http`` / ``loop``: uvicorn's HTTP parser and event loop, ``h11`` + ``asyncio`` (pure Python, what
   Lessons 2 and 3 use) or ``httptools`` + ``uvloop`` (C);
-* ``workers``: server processes sharing the port (``SO_REUSEPORT``; each loads its own model);
+* ``workers``: server processes sharing the port (one inherited listening socket; each loads its own model);
 * ``json_encoder``: the ``/score`` answer built with the standard ``json`` module or with ``orjson``
   (``course_lib.serving.service.encode_answer``).
 

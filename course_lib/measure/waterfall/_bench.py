@@ -47,7 +47,7 @@ from course_lib.serving.feature_store import FeatureStore
 from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
 from course_lib.serving.profiling import parse_server_timing
 from course_lib.serving.prototype import serve_churn
-from course_lib.serving.server import DEFAULTS, run_processes
+from course_lib.serving.server import run_processes
 
 PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP = "prototype", "production", "null endpoint (floor)"
 
@@ -58,14 +58,16 @@ class _Common(TypedDict):
 
 
 _C: _Common = {"forward": "loop", "workers": 1}
+#: The production runtime with the prototype's pure-Python parser and loop (h11 + asyncio).
+_PY = PRODUCTION.server.replace(http="h11", loop="asyncio")
 #: The servers the steps run on: ``None`` is the prototype (``serve_churn``), else a production config.
 SERVERS: dict[str, ProductionConfig | None] = {
     "prototype": None,
     "native-thread": ProductionConfig(
-        runtime="xgboost", forward="thread", encoder="json", http="h11", loop="asyncio", workers=1
+        runtime="xgboost", forward="thread", encoder="json", workers=1, server=_PY
     ),
-    "onnx": ProductionConfig(encoder="json", http="h11", loop="asyncio", **_C),
-    "onnx-thread": ProductionConfig(forward="thread", encoder="json", http="h11", loop="asyncio", workers=1),
+    "onnx": ProductionConfig(encoder="json", server=_PY, **_C),
+    "onnx-thread": ProductionConfig(forward="thread", encoder="json", workers=1, server=_PY),
     "onnx-c": ProductionConfig(encoder="json", **_C),
     "onnx-c-orjson": ProductionConfig(**_C),
     "production": PRODUCTION,
@@ -222,7 +224,6 @@ def run_waterfall(
     needed = {s.server for s in steps}
     ids = FeatureStore.open().sample_ids(2048, seed=2024)
     payloads = [{"customer_id": c} for c in ids]
-    server_cfg = DEFAULTS.replace(lifetime_s=lifetime_s)
     server_cores, tool_cores = sides(pin)
     with contextlib.ExitStack() as stack:
         with pinned(tool_cores):  # the generator processes inherit the tools' cores
@@ -241,7 +242,7 @@ def run_waterfall(
                     "prototype: course_lib.serving.prototype.serve_churn" if cfg is None else cfg.describe()
                 )
                 if cfg is not None:
-                    commands[k] = production_command(cfg, server_cfg)
+                    commands[k] = production_command(cfg.with_server(lifetime_s=lifetime_s))
             urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
             if "prototype" in needed:
                 urls["prototype"] = stack.enter_context(

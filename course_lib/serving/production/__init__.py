@@ -1,7 +1,8 @@
 """The production churn service: every lever the course measured, in one server (Lesson 12).
 
-* ``_config``: ``ProductionConfig`` (runtime, where the model call runs, encoder, HTTP parser and
-  loop, workers, batcher knobs) and ``PRODUCTION``, the production choice;
+* ``_config``: ``ProductionConfig`` (runtime, where the model call runs, encoder, workers, and the
+  ``ServerConfig`` every worker runs with: HTTP parser and loop, batcher knobs, limits) and
+  ``PRODUCTION``, the production choice;
 * ``_service``: ``ProductionService`` (Lesson 2's stages, the answer encoded once) and ``build_service``;
 * ``_app``: ``create_production_app`` (``/score``, ``/predict``, ``/null``, ``/healthz``, ``/stats``,
   ``/metrics``; injectable middleware);
@@ -18,30 +19,24 @@ from __future__ import annotations
 
 from course_lib.serving.production._app import NULL_ANSWER, READY_DIR_ENV, create_production_app
 from course_lib.serving.production._config import (
-    ENCODERS,
     FORWARD_MODES,
     FORWARD_PROBE_CALLS,
-    HTTP_PARSERS,
-    LOOPS,
     OFF_LOOP_ABOVE_MS,
     PRODUCTION,
-    RUNTIMES,
+    PRODUCTION_SERVER,
     ProductionConfig,
 )
 from course_lib.serving.production._serve import ProductionServer, production_command, serve_production
 from course_lib.serving.production._service import ProductionService, build_service, forward_cost_ms
 
 __all__ = [
-    "ENCODERS",
     "FORWARD_MODES",
     "FORWARD_PROBE_CALLS",
-    "HTTP_PARSERS",
-    "LOOPS",
     "NULL_ANSWER",
     "OFF_LOOP_ABOVE_MS",
     "PRODUCTION",
+    "PRODUCTION_SERVER",
     "READY_DIR_ENV",
-    "RUNTIMES",
     "ProductionConfig",
     "ProductionServer",
     "ProductionService",

@@ -132,9 +132,9 @@ def _batcher(config: ProductionConfig, service: ProductionService) -> DynamicBat
     together share one model row."""
     return DynamicBatcher(
         service.forward,
-        max_batch_size=config.max_batch_size,
-        max_queue_delay_ms=config.max_queue_delay_ms,
-        max_queue_size=config.max_queue_size,
+        max_batch_size=config.server.max_batch_size,
+        max_queue_delay_ms=config.server.max_queue_delay_ms,
+        max_queue_size=config.server.max_queue_size,
         dedup_key=customer_key,
         run_in_thread=True,
     )

@@ -12,12 +12,16 @@ Each field is a lever a lesson measured; the defaults are the production choice 
 * ``lookup="cached"``: the indexed SQLite lookup behind the in-process TTL cache (Lessons 2 and 8);
 * ``encoder="orjson"``: the answer built as a dict and encoded once (the standard ``json`` module is
   the other choice);
-* ``http="httptools"``, ``loop="uvloop"``: uvicorn's C parser and event loop;
 * ``workers=None``: one worker process per usable core (``os.sched_getaffinity``), all accepting
-  from one listening socket.
+  from one listening socket;
+* ``server=PRODUCTION_SERVER``: the runtime's :class:`~course_lib.serving.server.ServerConfig` (every
+  HTTP limit and the batcher knobs, each default stated there once) with uvicorn's C parser and
+  event loop, ``http="httptools"`` and ``loop="uvloop"`` (Lesson 6), instead of the prototype's
+  h11 + asyncio.
 
-``/predict`` always goes through a dynamic batcher (``max_batch_size``, ``max_queue_delay_ms``), as in
-Lesson 3, so one server can be measured with and without batching.
+``/predict`` always goes through a dynamic batcher (``server.max_batch_size``,
+``server.max_queue_delay_ms``, ``server.max_queue_size``), as in Lesson 3, so one server can be
+measured with and without batching.
 
 References
 ----------
@@ -32,16 +36,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from course_lib.core.bench import usable_cores
-from course_lib.core.checks import integer, number, one_of
+from course_lib.core.checks import InvalidArgumentError, integer, one_of
+from course_lib.core.vocabulary import ANSWER_ENCODERS, SERVING_RUNTIMES
+from course_lib.serving.server import DEFAULTS, ServerConfig, to_argv
 
 if TYPE_CHECKING:
     from course_lib.serving.batching.predict import Runtime
 
-RUNTIMES: tuple[str, ...] = ("onnxruntime", "xgboost")
 FORWARD_MODES: tuple[str, ...] = ("auto", "loop", "thread", "batcher")
-ENCODERS: tuple[str, ...] = ("orjson", "json")
-HTTP_PARSERS: tuple[str, ...] = ("httptools", "h11")
-LOOPS: tuple[str, ...] = ("uvloop", "asyncio")
+#: The runtime's limits and batcher knobs of the production service: ``DEFAULTS`` with uvicorn's C
+#: parser and event loop (Lesson 6's levers).
+PRODUCTION_SERVER = DEFAULTS.replace(http="httptools", loop="uvloop")
 #: ``forward="auto"`` keeps a model call on the event loop only up to this median cost (ms): a quarter
 #: of a millisecond of blocking per request is small next to the HTTP work every request costs
 #: (Lesson 6 measures the framework's floor); the native pipeline's call costs tens of times more.
@@ -57,46 +62,40 @@ class ProductionConfig:
     Parameters
     ----------
     runtime : {"onnxruntime", "xgboost"}
+        One of ``course_lib.core.vocabulary.SERVING_RUNTIMES``.
     forward : {"auto", "loop", "thread", "batcher"}
         Where ``/score``'s model call runs.
     encoder : {"orjson", "json"}
-    http : {"httptools", "h11"}
-    loop : {"uvloop", "asyncio"}
+        One of ``course_lib.core.vocabulary.ANSWER_ENCODERS``.
     workers : int >= 1 or None
         Worker processes; None = ``usable_cores()`` of the machine that starts the server.
-    max_batch_size : int >= 1
-        ``/predict``'s batcher (and ``/score``'s with ``forward="batcher"``).
-    max_queue_delay_ms : float >= 0
-    max_queue_size : int >= 1
-        The batcher's bounded queue (503 + ``Retry-After`` when full).
+    server : course_lib.serving.server.ServerConfig
+        Every worker's runtime: ``http`` and ``loop`` (uvicorn's parser and event loop), the batcher
+        of ``/predict`` (and of ``/score`` with ``forward="batcher"``: ``max_batch_size``,
+        ``max_queue_delay_ms``, ``max_queue_size``, a bounded queue answering 503 +
+        ``Retry-After`` when full), timeouts, limits and lifetime. Default ``PRODUCTION_SERVER``.
 
     Raises
     ------
     course_lib.core.checks.InvalidArgumentError
-        For a value outside the allowed ones (a ``ValueError`` and ``TypeError``).
+        For a value outside the allowed ones (a ``ValueError`` and ``TypeError``), or a ``server``
+        that is not a ``ServerConfig``.
     """
 
     runtime: Runtime = "onnxruntime"
     forward: str = "auto"
     encoder: str = "orjson"
-    http: str = "httptools"
-    loop: str = "uvloop"
     workers: int | None = None
-    max_batch_size: int = 64
-    max_queue_delay_ms: float = 2.0
-    max_queue_size: int = 2048
+    server: ServerConfig = PRODUCTION_SERVER
 
     def __post_init__(self) -> None:
-        one_of("runtime", self.runtime, RUNTIMES)
+        one_of("runtime", self.runtime, SERVING_RUNTIMES)
         one_of("forward", self.forward, FORWARD_MODES)
-        one_of("encoder", self.encoder, ENCODERS)
-        one_of("http", self.http, HTTP_PARSERS)
-        one_of("loop", self.loop, LOOPS)
+        one_of("encoder", self.encoder, ANSWER_ENCODERS)
         if self.workers is not None:
             integer("workers", self.workers, min=1)
-        integer("max_batch_size", self.max_batch_size, min=1)
-        number("max_queue_delay_ms", self.max_queue_delay_ms, min=0.0)
-        integer("max_queue_size", self.max_queue_size, min=1)
+        if not isinstance(self.server, ServerConfig):
+            raise InvalidArgumentError(f"server must be a ServerConfig, got {self.server!r}")
 
     @property
     def n_workers(self) -> int:
@@ -107,19 +106,31 @@ class ProductionConfig:
         """A copy with some levers changed (unknown names raise ``TypeError``)."""
         return dataclasses.replace(self, **changes)
 
+    def with_server(self, **changes: Any) -> ProductionConfig:
+        """A copy whose ``server`` has some fields changed, e.g. ``with_server(http="h11", lifetime_s=60)``.
+
+        Raises
+        ------
+        TypeError
+            For a name that is not a ``ServerConfig`` field.
+        """
+        return dataclasses.replace(self, server=self.server.replace(**changes))
+
     def to_argv(self) -> list[str]:
-        """Command-line flags of ``python -m course_lib.serving.production`` for this configuration."""
-        argv = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                argv.append(f"--{f.name.replace('_', '-')}={value}")
-        return argv
+        """Command-line flags of ``python -m course_lib.serving.production`` for this configuration.
+
+        One flag per lever (``--runtime=...``; none for ``workers=None``), then one per ``server`` field
+        (``course_lib.serving.server.to_argv``); ``parse_arguments`` turns them back into this config.
+        """
+        levers = [f for f in dataclasses.fields(self) if f.name != "server"]
+        argv = [f"--{f.name}={getattr(self, f.name)}" for f in levers if getattr(self, f.name) is not None]
+        return [*argv, *to_argv(self.server)]
 
     def describe(self) -> str:
         """One line naming every lever, e.g. ``onnxruntime, forward auto, orjson, httptools + uvloop, 2 workers``."""
+        parser_and_loop = f"{self.server.http} + {self.server.loop}"
         return (
-            f"{self.runtime}, forward {self.forward}, {self.encoder}, {self.http} + {self.loop}, "
+            f"{self.runtime}, forward {self.forward}, {self.encoder}, {parser_and_loop}, "
             f"{self.n_workers} worker{'s' if self.n_workers != 1 else ''}"
         )
 

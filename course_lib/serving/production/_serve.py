@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from course_lib.serving.feature_store import build_feature_store
 from course_lib.serving.production._config import PRODUCTION, ProductionConfig
-from course_lib.serving.server import DEFAULTS, ServerConfig, run_processes, to_argv
+from course_lib.serving.server import run_processes
 
 
 @dataclass(frozen=True)
@@ -27,31 +27,19 @@ class ProductionServer:
     pid: int
 
 
-def production_command(config: ProductionConfig = PRODUCTION, server: ServerConfig = DEFAULTS) -> list[str]:
-    """The argv (without ``--port``) that serves ``config`` with the server limits of ``server``.
+def production_command(config: ProductionConfig = PRODUCTION) -> list[str]:
+    """The argv (without ``--port``) that serves ``config``, its ``server`` limits included.
 
-    The batcher knobs come from ``config`` (they override the ones in ``server``). The feature store is
-    built here once, if missing, rather than by every worker at start-up.
+    The feature store is built here once, if missing, rather than by every worker at start-up.
     """
     build_feature_store()
-    server = server.replace(
-        http=config.http,
-        loop=config.loop,
-        max_batch_size=config.max_batch_size,
-        max_queue_delay_ms=config.max_queue_delay_ms,
-        max_queue_size=config.max_queue_size,
-    )
-    # the parser, loop and batcher knobs travel as the server's flags (one flag each)
-    shared = ("--max-batch-size", "--max-queue", "--http", "--loop")
-    lever_argv = [a for a in config.to_argv() if not a.startswith(shared)]
-    return [sys.executable, "-m", "course_lib.serving.production", *lever_argv, *to_argv(server)]
+    return [sys.executable, "-m", "course_lib.serving.production", *config.to_argv()]
 
 
 @contextmanager
 def serve_production(
     config: ProductionConfig = PRODUCTION,
     *,
-    server: ServerConfig = DEFAULTS,
     startup_timeout_s: float = 120.0,
 ) -> Iterator[ProductionServer]:
     """Run the production churn service for ``config`` on 127.0.0.1; yield its base URL.
@@ -59,10 +47,9 @@ def serve_production(
     Parameters
     ----------
     config : ProductionConfig
-        The levers (default: the production choice, one worker per usable core).
-    server : course_lib.serving.server.ServerConfig
-        Lifetime, timeouts and connection limit of every worker (``lifetime_s``: the server exits by
-        itself after it).
+        The levers (default: the production choice, one worker per usable core), and in
+        ``config.server`` the lifetime, timeouts and limits of every worker (``lifetime_s``: the
+        server exits by itself after it; e.g. ``PRODUCTION.with_server(lifetime_s=60)``).
     startup_timeout_s : float
         How long to wait until every worker has loaded the model and ``/healthz`` answers 200.
 
@@ -78,6 +65,6 @@ def serve_production(
         If the server exits or is not ready in time (the message holds the end of its log).
     """
     with run_processes(
-        {"production": production_command(config, server)}, startup_timeout_s=startup_timeout_s
+        {"production": production_command(config)}, startup_timeout_s=startup_timeout_s
     ) as urls:
         yield ProductionServer(urls["production"], urls.processes["production"].pid)

@@ -1,11 +1,12 @@
 """A replica of the production churn service in its own process: injected stalls, warm-up, a readiness probe.
 
-``python -m course_lib.serving.replica --onnx M.onnx --store S.sqlite --model-version V [options]`` serves
+``python -m course_lib.serving.replica --port N --onnx M.onnx --store S.sqlite --model-version V [options]`` serves
 the production churn app (``course_lib.serving.production.create_production_app`` with
 ``PRODUCTION``'s levers and one worker: the prepared ONNX Runtime session, the model call where
 ``forward="auto"`` puts it, the cached lookup, one orjson encode, httptools + uvloop) over this
-replica's own model file and feature store, on 127.0.0.1 (a free port, printed on stdout as one
-JSON line ``{"port": N}``), wrapped in ``ReplicaMiddleware`` which adds:
+replica's own model file and feature store, on 127.0.0.1:N (a port its starter chose, as for every
+course server: ``course_lib.serving.server._runners`` documents the one start-up and readiness
+path), wrapped in ``ReplicaMiddleware`` which adds:
 
 * ``GET /readyz``: 503 until the warm-up finished, then 200 (``/healthz`` from the service app is the
   liveness probe: it answers as soon as the process listens, warm or not);
@@ -38,9 +39,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import select
 import subprocess
 import sys
 import time
@@ -52,8 +51,7 @@ from typing import Any
 import httpx
 
 from course_lib.core.checks import InvalidArgumentError, positive_number
-from course_lib.core.files import IMPORT_ROOT
-from course_lib.core.process import ChildProcess, start_child
+from course_lib.core.process import ChildProcess
 from course_lib.serving.production import PRODUCTION
 from course_lib.serving.replica._middleware import (
     FAULT_FIELDS,
@@ -62,18 +60,20 @@ from course_lib.serving.replica._middleware import (
     ReplicaState,
 )
 from course_lib.serving.server import (
-    DEFAULTS,
+    LOOPBACK_HOST,
+    ServerConfig,
     add_arguments,
     from_arguments,
-    listening_socket,
+    port_number,
     serve_app,
+    start_server,
     to_argv,
 )
 
 _NO_STALLS = ReplicaConfig()  # frozen: safe as a default argument
-#: The runtime's limits a replica runs with unless told otherwise: ``DEFAULTS`` with the production
-#: service's parser and loop (httptools + uvloop).
-REPLICA_SERVER = DEFAULTS.replace(http=PRODUCTION.http, loop=PRODUCTION.loop)
+#: The runtime's limits a replica runs with unless told otherwise: the production service's
+#: (``PRODUCTION.server``: ``DEFAULTS`` with httptools + uvloop).
+REPLICA_SERVER = PRODUCTION.server
 
 
 def _warm_up(url: str, ids: list[str], state: ReplicaState) -> None:
@@ -118,6 +118,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.serving.replica", description=__doc__.splitlines()[0]
     )
+    parser.add_argument("--port", type=port_number, required=True, help="port on 127.0.0.1")
     parser.add_argument("--onnx", required=True, help="path of the exported churn model (.onnx)")
     parser.add_argument("--store", required=True, help="path of the feature store (.sqlite)")
     parser.add_argument("--model-version", required=True)
@@ -129,12 +130,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-requests", type=int, default=0, help="requests to itself before ready")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
     parser.add_argument("--lazy-load", action="store_true", help="build the app on the first request")
-    add_arguments(parser)  # the runtime's limits, --lifetime-s among them
-    parser.set_defaults(http=REPLICA_SERVER.http, loop=REPLICA_SERVER.loop)
+    add_arguments(parser, REPLICA_SERVER)  # the runtime's limits, --lifetime-s among them
     return parser.parse_args(argv)
 
 
-def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float) -> Any:
+def _production_app(args: argparse.Namespace, store: Any, server: ServerConfig) -> Any:
     """The production churn app (one worker) over this replica's model file and feature store."""
     # function-level imports: the model stack loads in the replica process only
     from course_lib.churn.export import OnnxChurnScorer, make_session  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
@@ -142,7 +142,7 @@ def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float)
     from course_lib.serving.production import ProductionService, create_production_app  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
     from course_lib.serving.service import onnx_forward  # noqa: PLC0415 (subprocess entry point: the replica process builds the model stack)
 
-    config = PRODUCTION.replace(workers=1)
+    config = PRODUCTION.replace(workers=1, server=server)
     scorer = OnnxChurnScorer(make_session(args.onnx))
     scorer.check_model_version(args.model_version)
     service = ProductionService(
@@ -153,7 +153,7 @@ def _production_app(args: argparse.Namespace, store: Any, body_timeout_s: float)
         runtime=config.runtime,
         encoder=config.encoder,
     )
-    return create_production_app(config, service=service, body_timeout_s=body_timeout_s)
+    return create_production_app(config, service=service, body_timeout_s=server.body_timeout_s)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -167,20 +167,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     state = ReplicaState(config=config, ready=config.warmup_requests == 0)
 
     def build() -> Any:
-        return _production_app(args, store, server_config.body_timeout_s)
+        return _production_app(args, store, server_config)
 
     app = ReplicaMiddleware(_LazyApp(build) if args.lazy_load else build(), state=state)
-    sock = listening_socket(0)
-    port = sock.getsockname()[1]
 
-    def started() -> None:
-        print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)  # it listens now
-        os.dup2(2, 1)  # from now on stdout goes to the log too: the parent stops reading its pipe
+    def started() -> None:  # it listens now: warm up through the front door
         if config.warmup_requests:
             ids = store.sample_ids(config.warmup_requests, seed=config.seed + 1)
-            _warm_up(f"http://127.0.0.1:{port}", ids, state)
+            _warm_up(f"http://{LOOPBACK_HOST}:{args.port}", ids, state)
 
-    serve_app(app, port=port, config=server_config, sock=sock, on_started=started)
+    serve_app(app, port=args.port, config=server_config, on_started=started)
 
 
 @dataclass
@@ -252,9 +248,13 @@ def start_replica(
     lazy_load: bool = False,
     max_lifetime_s: float = 300.0,
     startup_timeout_s: float = 60.0,
-    server_config: Any = REPLICA_SERVER,
+    server_config: ServerConfig = REPLICA_SERVER,
 ) -> ReplicaProcess:
-    """Start a replica process and return once it listens (not necessarily ready: see ``is_ready``).
+    """Start a replica process and return once it listens (not necessarily warm: see ``is_ready``).
+
+    It starts as every course server does (``course_lib.serving.server.start_server``: a free port
+    chosen here, its readiness line, ``/healthz`` answering 200); ``/readyz`` says when its warm-up
+    is over.
 
     Parameters
     ----------
@@ -266,7 +266,7 @@ def start_replica(
     max_lifetime_s : float > 0
         The replica exits by itself after this long (``server_config.lifetime_s`` is replaced).
     startup_timeout_s : float > 0
-        How long to wait for it to report its port.
+        How long to wait for it to listen and answer ``/healthz``.
     server_config : ServerConfig
         The runtime's limits (default ``REPLICA_SERVER``: ``DEFAULTS`` with httptools + uvloop).
 
@@ -275,7 +275,7 @@ def start_replica(
     FileNotFoundError
         If the model or the store file is missing.
     RuntimeError
-        If the process exits or does not report its port within ``startup_timeout_s`` (the
+        If the process exits or does not answer ``/healthz`` within ``startup_timeout_s`` (the
         message quotes the end of its log).
     """
     for name, path in (("onnx_path", onnx_path), ("store_path", store_path)):
@@ -291,29 +291,9 @@ def start_replica(
         "--warmup-requests", str(config.warmup_requests), *to_argv(limits),
     ]  # fmt: skip
     cmd += ["--gc-freeze"] * config.gc_freeze + ["--lazy-load"] * lazy_load
-    path = os.pathsep.join(filter(None, [str(IMPORT_ROOT), os.environ.get("PYTHONPATH")]))
     started = time.perf_counter()
-    child = start_child(cmd, name="replica", env={"PYTHONPATH": path}, stdout=subprocess.PIPE)
-    deadline = time.monotonic() + startup_timeout_s
-    line = b""
-    stdout = child.popen.stdout
-    assert stdout is not None  # started with stdout=PIPE
-    while not line.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        ready, _, _ = select.select([stdout], [], [], max(0.0, min(remaining, 0.2)))
-        if ready:
-            chunk = os.read(stdout.fileno(), 1024)
-            line += chunk
-            if chunk:
-                continue
-        if child.popen.poll() is not None or remaining <= 0:
-            tail = child.tail()
-            child.stop(1.0)
-            raise RuntimeError(
-                f"replica did not report its port within {startup_timeout_s:g} s; log:\n{tail}"
-            )
-    port = json.loads(line.decode())["port"]
-    return ReplicaProcess(f"http://127.0.0.1:{port}", child, started)
+    server = start_server(cmd, name="replica", startup_timeout_s=startup_timeout_s)
+    return ReplicaProcess(server.url, server.child, started)
 
 
 @dataclass(frozen=True)

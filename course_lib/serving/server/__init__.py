@@ -1,9 +1,13 @@
 """The one server runtime: uvicorn on 127.0.0.1, hardened, in a thread or in subprocesses, for a bounded time.
 
-* ``_runners``: ``serve_in_thread`` and ``run_processes`` (free ports, workers sharing a port,
-  readiness, always stopped) - the two places a course server is started;
+* ``_runners``: ``run_processes`` and ``start_server`` (free ports, workers sharing a port, readiness,
+  always stopped): the one start-up and readiness path of every server process (documented there);
+* ``_thread``: ``serve_in_thread``, a server in a daemon thread of this process;
+* ``_listening``: ``listening_socket`` and the one way k workers share a port
+  (``shared_listening_socket``, inherited by every worker; why not ``SO_REUSEPORT``);
 * ``_serve``: ``uvicorn_config`` (the settings every server gets) and ``serve_app`` (what runs inside a
-  server subprocess: open-file limit, lifetime, exit with the parent, readiness line);
+  server subprocess: open-file limit, lifetime, exit with the parent, the inherited socket,
+  readiness line);
 * ``_protocols``: ``guarded_protocol``, uvicorn's h11 or httptools protocol with a header timeout, a
   header size limit, a connection limit that evicts idle connections and a bounded pipeline;
 * ``_refusals``: what a refused request is told (``MAX_HEADER_BYTES`` and how a head is counted, the
@@ -30,11 +34,16 @@ from course_lib.serving.server._config import (
     to_argv,
 )
 from course_lib.serving.server._door import DEADLINE_HEADER, PROBE_PATHS, Door
+from course_lib.serving.server._listening import (
+    LISTEN_FD_ENV,
+    inherit_env,
+    inherited_socket,
+    listening_socket,
+    shared_listening_socket,
+)
 from course_lib.serving.server._protocols import CONNECTION_EXTENSION, guarded_protocol
 from course_lib.serving.server._refusals import MAX_HEADER_BYTES
 from course_lib.serving.server._request import (
-    LATENCY_BUCKETS_S,
-    OUTCOMES,
     DoorCounters,
     Refusal,
     body_refusal,
@@ -44,18 +53,18 @@ from course_lib.serving.server._request import (
 )
 from course_lib.serving.server._runners import (
     READY_PATH,
-    RunningServer,
+    ServerProcess,
     ServerURLs,
     run_processes,
-    serve_in_thread,
+    start_server,
 )
 from course_lib.serving.server._serve import (
     LOOPBACK_HOST,
     READY_FD_ENV,
-    listening_socket,
     serve_app,
     uvicorn_config,
 )
+from course_lib.serving.server._thread import RunningServer, serve_in_thread
 
 __all__ = [
     "CONNECTION_EXTENSION",
@@ -63,10 +72,9 @@ __all__ = [
     "DEFAULTS",
     "EVENT_LOOPS",
     "HTTP_PARSERS",
-    "LATENCY_BUCKETS_S",
+    "LISTEN_FD_ENV",
     "LOOPBACK_HOST",
     "MAX_HEADER_BYTES",
-    "OUTCOMES",
     "PARENT_PID_ENV",
     "PROBE_PATHS",
     "READY_FD_ENV",
@@ -76,6 +84,7 @@ __all__ = [
     "Refusal",
     "RunningServer",
     "ServerConfig",
+    "ServerProcess",
     "ServerURLs",
     "add_arguments",
     "body_refusal",
@@ -83,13 +92,17 @@ __all__ = [
     "door_counters",
     "from_arguments",
     "guarded_protocol",
+    "inherit_env",
+    "inherited_socket",
     "listening_socket",
     "port_number",
     "request_deadline",
     "run_processes",
     "serve_app",
     "serve_in_thread",
+    "shared_listening_socket",
     "split_config",
+    "start_server",
     "to_argv",
     "uvicorn_config",
 ]

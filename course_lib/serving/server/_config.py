@@ -65,6 +65,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from course_lib.core.checks import InvalidArgumentError, integer, number, one_of
+from course_lib.core.vocabulary import EVENT_LOOPS, HTTP_PARSERS
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,6 @@ class ServerConfig:
         return dataclasses.replace(self, **changes)
 
 
-#: uvicorn's HTTP parsers and event loops a course server may use (Lesson 6 compares them).
-HTTP_PARSERS: tuple[str, ...] = ("h11", "httptools")
-EVENT_LOOPS: tuple[str, ...] = ("asyncio", "uvloop")
 _SECONDS = (
     "lifetime_s",
     "header_timeout_s",
@@ -192,10 +190,16 @@ def port_number(text: str) -> int:
     return port
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add one flag per ``ServerConfig`` field (``--max-batch-size``, ``--dedup/--no-dedup``, ...)."""
+def add_arguments(
+    parser: argparse.ArgumentParser, defaults: ServerConfig = DEFAULTS
+) -> argparse.ArgumentParser:
+    """Add one flag per ``ServerConfig`` field (``--max-batch-size``, ``--dedup/--no-dedup``, ...).
+
+    ``defaults`` gives each flag's default (e.g. the production service's ``PRODUCTION.server``, with
+    httptools + uvloop, instead of ``DEFAULTS``).
+    """
     for f in fields(ServerConfig):
-        default = getattr(DEFAULTS, f.name)
+        default = getattr(defaults, f.name)
         if isinstance(default, bool):
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default)
         elif isinstance(default, tuple):

@@ -19,11 +19,9 @@ from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from course_lib.core.vocabulary import LATENCY_BUCKETS_S
 from course_lib.serving.server._config import DEFAULTS
 
-#: Upper bounds (s) of the latency histogram of ``ok`` answers (a Prometheus-style cumulative histogram).
-LATENCY_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-OUTCOMES: tuple[str, ...] = ("ok", "shed", "expired", "client_errors", "server_errors", "abandoned")
 _CURRENT: contextvars.ContextVar[_Exchange | None] = contextvars.ContextVar("course_request", default=None)
 
 

@@ -13,15 +13,16 @@
 
 :func:`serve_app` is what a server subprocess runs: those settings plus an open-file limit that fits
 the connection limit, a lifetime, an exit within ``parent_check_s`` of its parent's death
-(``course_lib.core.process.exit_with_parent``), ``SO_REUSEPORT`` when several workers share a port,
-and a readiness line for the parent. Its stderr is a log file the parent reads on failure (never a
+(``course_lib.core.process.exit_with_parent``), the listening socket its starter bound when several
+workers share a port (:mod:`course_lib.serving.server._listening`), and a readiness line for the
+parent. Its stderr is a log file the parent reads on failure (never a
 pipe: an unread pipe fills and freezes the server).
 
 References
 ----------
 uvicorn documentation, "Settings" (``timeout_keep_alive``, ``timeout_graceful_shutdown``,
-``h11_max_incomplete_event_size``) and programmatic use of ``uvicorn.Server``; Linux ``socket(7)``
-(``SO_REUSEPORT``), ``getrlimit(2)`` (``RLIMIT_NOFILE``).
+``h11_max_incomplete_event_size``) and programmatic use of ``uvicorn.Server``; Linux
+``getrlimit(2)`` (``RLIMIT_NOFILE``).
 """
 
 from __future__ import annotations
@@ -40,13 +41,12 @@ import uvicorn
 from course_lib.core.process import LOOPBACK_HOST, exit_with_parent
 from course_lib.serving.server._config import DEFAULTS, ServerConfig
 from course_lib.serving.server._door import Door
+from course_lib.serving.server._listening import inherited_socket, listening_socket
 from course_lib.serving.server._protocols import guarded_protocol
 from course_lib.serving.server._refusals import MAX_HEADER_BYTES
 
 #: File descriptor a server writes "<pid>\n" to once it accepts connections (set by ``run_processes``).
 READY_FD_ENV = "COURSE_SERVER_READY_FD"
-#: "1": bind the port with ``SO_REUSEPORT`` (several worker processes share it).
-REUSE_PORT_ENV = "COURSE_SERVER_REUSE_PORT"
 _log = logging.getLogger(__name__)
 
 
@@ -90,24 +90,6 @@ def uvicorn_config(
         timeout_keep_alive=max(1, round(config.keep_alive_s)),
         timeout_graceful_shutdown=max(1, round(config.graceful_shutdown_s)),
     )
-
-
-def listening_socket(port: int = 0, *, reuse_port: bool = False, tcp_nodelay: bool = True) -> socket.socket:
-    """A TCP socket bound to 127.0.0.1:``port`` (0: any free port), for ``uvicorn.Server.run(sockets=...)``.
-
-    ``tcp_nodelay`` False leaves Nagle's algorithm on for accepted connections: asyncio switches it
-    off (``TCP_NODELAY``) only on connections accepted from a socket created with ``IPPROTO_TCP``.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP if tcp_nodelay else 0)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((LOOPBACK_HOST, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _set_open_file_limit(config: ServerConfig) -> None:
@@ -173,8 +155,9 @@ def serve_app(
         killed ``graceful_shutdown_s + 5`` s after the stop began at the latest), ``parent_check_s``
         and ``open_files_limit``.
     sock : socket, optional
-        An already bound socket (``listening_socket``) instead of ``port``, for a server that must
-        know its port before it serves (a replica reports it).
+        An already bound socket (``listening_socket``) instead of ``port``. Default: the listening
+        socket this process inherited (a worker of several on one port, see
+        :mod:`course_lib.serving.server._listening`), else ``port`` bound here.
     on_started : callable, optional
         Run in a daemon thread once the server accepts connections (a warm-up, say).
 
@@ -200,7 +183,7 @@ def serve_app(
     lifetime.daemon = True
     lifetime.start()
     if sock is None:
-        sock = listening_socket(port, reuse_port=os.environ.get(REUSE_PORT_ENV) == "1")
+        sock = inherited_socket() or listening_socket(port)
     server = _Server(uvicorn_config(app, config))
     ready_fd = os.environ.get(READY_FD_ENV)
     server.ready_fd = int(ready_fd) if ready_fd else None
