@@ -173,7 +173,6 @@ NOT_YET_SPLIT: frozenset[str] = frozenset({
     "course_lib/measure/waterfall/_climb.py:interleaved_climb",
     "course_lib/measure/waterfall/_tools.py:tool_agreement",
     "course_lib/measure/waterfall/_tools.py:tool_comparison",
-    "course_lib/serving/server/_runners.py:run_processes",
 })  # fmt: skip
 
 
