@@ -1,9 +1,9 @@
 """The whole service measured: the waterfall from prototype to production, its floor, k6 beside it, its peers.
 
-* ``_climb``: ``WaterfallStep``, ladders (``geometric_ladder``, ``start_rungs``; a rung's length is
-  ``course_lib.measure.loadgen.rung_duration_s``, re-exported here with ``MIN_REQUESTS_P99``), the
-  interleaved climb, ``knees``, ``lever_table`` (ratios with the interval over ladder and repeats,
-  ``lever_verdict``), ``floor_model``;
+* ``_climb``: ``WaterfallStep``, ``lever_table`` (ratios with the interval over ladder and repeats, and
+  their verdict), ``lever_sentence``, ``floor_model``; the steps are climbed and their knees read with
+  ``course_lib.measure.ladder`` (``climb``, ``knees``, ``geometric_ladder``, ``start_rungs``; a rung's
+  length is ``course_lib.measure.loadgen.rung_duration_s``, re-exported here with ``MIN_REQUESTS_P99``);
 * ``_record``: ``save_waterfall`` / ``load_waterfall`` (``data/measurements/service_waterfall.json``);
 * ``_bench``: ``WATERFALL`` (the steps), ``SERVERS``, ``run_waterfall`` (servers, ``Server-Timing``
   ceilings, knees, a like-for-like p99);
@@ -43,17 +43,7 @@ from course_lib.measure.waterfall._client_cpu import (
     load_client_cpu,
     save_client_cpu,
 )
-from course_lib.measure.waterfall._climb import (
-    LADDER_RATIO,
-    WaterfallStep,
-    floor_model,
-    geometric_ladder,
-    interleaved_climb,
-    knees,
-    lever_table,
-    lever_verdict,
-    start_rungs,
-)
+from course_lib.measure.waterfall._climb import WaterfallStep, floor_model, lever_sentence, lever_table
 from course_lib.measure.waterfall._k6 import (
     K6_SCRIPT,
     MEASURED_SCENARIO,
@@ -99,7 +89,6 @@ __all__ = [
     "AGREEMENT_TOLERANCE",
     "FLOOR_STEP",
     "K6_SCRIPT",
-    "LADDER_RATIO",
     "LOAD_TOOLS",
     "MEASURED_SCENARIO",
     "MIN_REQUESTS_P99",
@@ -125,15 +114,12 @@ __all__ = [
     "client_cpu_table",
     "floor_model",
     "generator_cpu_s_per_request",
-    "geometric_ladder",
     "in_process_ceiling",
-    "interleaved_climb",
     "k6_binary",
     "k6_cpu_s_per_request",
     "k6_version",
-    "knees",
+    "lever_sentence",
     "lever_table",
-    "lever_verdict",
     "load_client_cpu",
     "load_peers",
     "load_tool_wire_p50",
@@ -150,7 +136,6 @@ __all__ = [
     "spin_comparison",
     "spin_table",
     "spin_verdict",
-    "start_rungs",
     "tool_agreement",
     "tool_comparison",
 ]

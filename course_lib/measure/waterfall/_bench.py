@@ -6,7 +6,7 @@ of the production stack as the floor. :func:`run_waterfall` starts every server 
 (each on 127.0.0.1, bounded lifetime, stopped when it returns), measures the generator's own limit on
 a null server, warms every step up, reads each step's **in-process ceiling** from its ``Server-Timing``
 header (1000 / median server work per request in ms x worker processes: what the stages alone would
-allow), then climbs the ladder ``repeats`` times (:func:`course_lib.measure.waterfall.interleaved_climb`)
+allow), then climbs the ladder ``repeats`` times (``course_lib.measure.ladder.climb``)
 and, if asked, runs k6 beside the course generator at the same rates on one step
 (:func:`tool_comparison`). ``benchmarks/service_waterfall.py`` and Lesson 12's short run call it.
 
@@ -31,17 +31,10 @@ import pandas as pd
 from course_lib.core.affinity import CoreSplit, pinned, sides
 from course_lib.core.checks import integer, positive_number
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
-from course_lib.measure.knee import step_row
+from course_lib.measure.ladder import SloRule, climb, geometric_ladder, knees, start_rungs, step_row
 from course_lib.measure.load_server import serve_churn, wait_idle
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, rung_duration_s
-from course_lib.measure.waterfall._climb import (
-    WaterfallStep,
-    geometric_ladder,
-    interleaved_climb,
-    knees,
-    lever_table,
-    start_rungs,
-)
+from course_lib.measure.waterfall._climb import WaterfallStep, lever_table
 from course_lib.measure.waterfall._tools import tool_comparison
 from course_lib.serving.feature_store import FeatureStore
 from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
@@ -162,7 +155,7 @@ class WaterfallRun:
 
 def _start_rungs(prescan: pd.DataFrame, ladder: Sequence[float], back: int) -> dict[str, float]:
     found = knees(prescan)
-    return start_rungs(dict(zip(found["step"], found["knee_rps"], strict=True)), ladder, back=back)
+    return start_rungs(dict(zip(found["target"], found["knee_rps"], strict=True)), ladder, back=back)
 
 
 def run_waterfall(
@@ -200,7 +193,7 @@ def run_waterfall(
     ladder_rps : rates to climb; default ``geometric_ladder(20, 12_000)``.
     start_rps : step -> first rung; default from a short pre-scan (a coarse climb of 200-request rungs),
         ``start_back`` rungs below the knee it found.
-    step_down : a step whose start rung misses tries the rungs below it (``interleaved_climb``); for
+    step_down : a step whose start rung misses tries the rungs below it (``course_lib.measure.ladder.climb``); for
         starts taken from a record of another machine or from the short pre-scan (the benchmark sets it:
         without it such a step's knee is 0).
     k6_step : a step to also measure with k6 beside the course generator (:func:`tool_comparison`).
@@ -267,20 +260,19 @@ def run_waterfall(
         names = list(by_name)
         if start_rps is None:
             coarse = ladder[::4]
-            prescan = interleaved_climb(
+            prescan = climb(
                 lambda n, r: run_step(n, r, n_min=200, floor_s=0.5), names, coarse,
-                p99_limit_ms=limit, min_requests=150, retries=0, settle=settle,
+                rule=SloRule(limit, min_requests=150), retries=0, settle=settle,
             )  # fmt: skip
             start_rps = _start_rungs(prescan, ladder, start_back)
         runs = pd.concat(
             [
-                interleaved_climb(
+                climb(
                     run_step,
                     names,
                     ladder,
                     start_rps=start_rps,
-                    p99_limit_ms=limit,
-                    min_requests=min_requests,
+                    rule=SloRule(limit, min_requests=min_requests),
                     repeat=r,
                     settle=settle,
                     on_row=on_row,
@@ -304,7 +296,7 @@ def run_waterfall(
         if k6_step is not None:
             s = by_name[k6_step]
             rungs = ladder[max(0, bisect.bisect_left(ladder, start_rps[k6_step]) - 3) :]
-            show = None if on_row is None else (lambda row: on_row({**row, "step": f"{k6_step} ({row['tool']})"}))  # fmt: skip
+            show = None if on_row is None else (lambda row: on_row({**row, "target": f"{k6_step} ({row['tool']})", "met_slo": row["met"]}))  # fmt: skip
             tools = tool_comparison(pool, urls[s.server] + s.path, ids, rungs, p99_limit_ms=limit,
                                     min_requests=min_requests, repeats=n_repeats, settle=lambda: settle(k6_step),
                                     on_row=show)  # fmt: skip

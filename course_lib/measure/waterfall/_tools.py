@@ -1,7 +1,7 @@
 """k6 beside the course generator on one service: the two open-loop tools taking turns, and whether they agree.
 
 :func:`tool_comparison` climbs a ladder of offered rates on one URL with the two tools taking turns at
-every rate, as :func:`course_lib.measure.waterfall.interleaved_climb` climbs the waterfall's steps: which
+every rate, as ``course_lib.measure.ladder.climb`` climbs the waterfall's steps: which
 tool goes first alternates from repeat to repeat (so drift of a shared machine and order hit both alike),
 a missed rate is tried once more (one descheduling should not end a climb), a tool leaves the climb after
 a rate it missed on every try, and the climb is repeated ``repeats`` times. :func:`tool_agreement` reads
@@ -33,7 +33,7 @@ from course_lib.core import checks
 from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.measure.generators import GeneratorPool
-from course_lib.measure.knee import step_row
+from course_lib.measure.ladder import step_row
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, SPIN_WINDOW_S, rung_duration_s
 from course_lib.measure.targets import WIRE_FIELD
 from course_lib.measure.waterfall._k6 import run_k6
