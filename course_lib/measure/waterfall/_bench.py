@@ -210,108 +210,222 @@ def run_waterfall(
     n_repeats = integer("repeats", repeats, min=1)
     limit = positive_number("p99_limit_ms", p99_limit_ms)
     ladder = list(ladder_rps) if ladder_rps is not None else geometric_ladder(20, 12_000)
-    by_name = {s.name: s for s in steps}
-    needed = {s.server for s in steps}
     ids = FeatureStore.open().sample_ids(2048, seed=2024)
-    payloads = [{"customer_id": c} for c in ids]
-    server_cfg = DEFAULTS.replace(lifetime_s=lifetime_s)
-    server_cores, tool_cores = sides(pin)
     with contextlib.ExitStack() as stack:
-        with pinned(tool_cores):  # the generator processes inherit the tools' cores
-            pool = stack.enter_context(GeneratorPool(n_generators))
-        with contextlib.ExitStack() as null_server:
-            with pinned(server_cores):
-                null_url = null_server.enter_context(serve_null(lifetime_s=120))
-            gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
-        # every server inherits the server's cores (and counts its workers on them)
-        with pinned(server_cores):
-            commands, workers, described = {}, {}, {}
-            for k in needed:
-                cfg = servers[k]
-                workers[k] = 1 if cfg is None else cfg.n_workers
-                described[k] = (
-                    "prototype: course_lib.measure.load_server.serve_churn" if cfg is None else cfg.describe()
-                )
-                if cfg is not None:
-                    commands[k] = production_command(cfg, server_cfg)
-            urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
-            if "prototype" in needed:
-                urls["prototype"] = stack.enter_context(
-                    serve_churn(lifetime_s=lifetime_s, startup_timeout_s=300)
-                ).url
-        stack.enter_context(pinned(tool_cores))  # this process, and k6 started from it, on the tools' cores
-        stats = {k: httpx.get(urls[k] + "/stats", timeout=10).json() for k in commands}
-        ceilings = {}
-        for step in steps:
-            target = urls[step.server] + step.path
-            pool.run(target, payloads, rate_rps=50, duration_s=0.5)  # warm-up, not recorded
-            ceilings[step.name] = in_process_ceiling(target, payloads, workers=workers[step.server])
-
-        def settle(name: str) -> None:
-            wait_idle(urls[by_name[name].server], quick_ms=limit, timeout_s=10, strict=False)
-
-        def run_step(name: str, rate: float, *, n_min: int = min_requests, floor_s: float = min_duration_s):
-            s = by_name[name]
-            duration = rung_duration_s(rate, min_requests=n_min, min_duration_s=floor_s)
-            return pool.run(
-                urls[s.server] + s.path, payloads, rate_rps=rate, duration_s=duration, seed=int(rate * 7)
-            )
-
-        names = list(by_name)
+        pool, gen_limit, started = _start(
+            stack, {s.server for s in steps}, servers, lifetime_s=lifetime_s, pin=pin, n_generators=n_generators,
+            generator_rates_rps=generator_rates_rps,
+        )  # fmt: skip
+        payloads = [{"customer_id": c} for c in ids]
+        by_name = {s.name: s for s in steps}
+        bench = _Bench(pool, started.urls, ids, payloads, by_name, limit, min_requests, min_duration_s)
+        stats = {k: httpx.get(started.urls[k] + "/stats", timeout=10).json() for k in started.commands}
+        ceilings = {step.name: bench.ceiling(step, started.workers[step.server]) for step in steps}
         if start_rps is None:
-            coarse = ladder[::4]
-            prescan = climb(
-                lambda n, r: run_step(n, r, n_min=200, floor_s=0.5), names, coarse,
-                rule=SloRule(limit, min_requests=150), retries=0, settle=settle,
-            )  # fmt: skip
-            start_rps = _start_rungs(prescan, ladder, start_back)
-        runs = pd.concat(
+            start_rps = bench.prescan_starts(ladder, start_back)
+        runs = bench.climbs(ladder, start_rps, repeats=n_repeats, step_down=step_down, on_row=on_row)
+        found = knees(runs)
+        same_rate = bench.same_rate(same_rate_rps, same_rate_steps)
+        tools = bench.tools(k6_step, ladder, start_rps, repeats=n_repeats, on_row=on_row)
+    table = _waterfall_table(steps, found, ceilings, started.workers)
+    settings = {
+        "p99_limit_ms": limit, "repeats": n_repeats, "min_requests": int(min_requests), "ladder_rps": ladder,
+        "start_rps": dict(start_rps), **_generator_settings(gen_limit, generator_rates_rps, n_generators),
+        "servers": started.described,  # with the worker counts of the cores the servers ran on
+        "pinned": None if pin is None else pin.describe(),
+    }  # fmt: skip
+    stages = {name: c["stages_ms"] for name, c in ceilings.items()}
+    return WaterfallRun(table, runs, found, gen_limit, settings, tools, stats, stages, same_rate)
+
+
+def _generator_settings(limit_rps: float, rates_rps: Sequence[float], n_generators: int) -> dict[str, Any]:
+    """The generator's part of a run's settings: its limit on a null server, the rates it tried, its processes."""
+    return {
+        "generator_limit_rps": limit_rps,
+        "generator_lowest_rps": float(min(rates_rps)),
+        "generator_highest_rps": float(max(rates_rps)),
+        "n_generators": n_generators,
+    }
+
+
+def _start(
+    stack: contextlib.ExitStack,
+    needed: set[str],
+    servers: Mapping[str, ProductionConfig | None],
+    *,
+    lifetime_s: float,
+    pin: CoreSplit | None,
+    n_generators: int,
+    generator_rates_rps: Sequence[float],
+) -> tuple[GeneratorPool, float, _Started]:
+    """Start the generator processes, measure their limit on a null server, then start the servers.
+
+    The generators (and, after this, this process and k6) run on ``pin``'s tools cores, the servers on its
+    server cores; returns the pool, the generator's limit (requests/s) and the started servers.
+    """
+    server_cores, tool_cores = sides(pin)
+    with pinned(tool_cores):  # the generator processes inherit the tools' cores
+        pool = stack.enter_context(GeneratorPool(n_generators))
+    with contextlib.ExitStack() as null_server:
+        with pinned(server_cores):
+            null_url = null_server.enter_context(serve_null(lifetime_s=120))
+        gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
+    with pinned(server_cores):  # every server inherits the server's cores and counts its workers on them
+        started = _start_servers(stack, needed, servers, lifetime_s)
+    stack.enter_context(pinned(tool_cores))  # this process, and k6 started from it, on the tools' cores
+    return pool, gen_limit, started
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The servers running for a waterfall: ``urls``, ``workers`` and ``described`` by server key, and the
+    ``commands`` of the production ones (the prototype has none)."""
+
+    urls: dict[str, str]
+    workers: dict[str, int]
+    described: dict[str, str]
+    commands: dict[str, list[str]]
+
+
+def _start_servers(
+    stack: contextlib.ExitStack,
+    needed: set[str],
+    servers: Mapping[str, ProductionConfig | None],
+    lifetime_s: float,
+) -> _Started:
+    """Start every server ``needed`` (the production configs at once, the prototype beside them) on ``stack``."""
+    server_cfg = DEFAULTS.replace(lifetime_s=lifetime_s)
+    commands, workers, described = {}, {}, {}
+    for k in needed:
+        cfg = servers[k]
+        workers[k] = 1 if cfg is None else cfg.n_workers
+        described[k] = (
+            "prototype: course_lib.measure.load_server.serve_churn" if cfg is None else cfg.describe()
+        )
+        if cfg is not None:
+            commands[k] = production_command(cfg, server_cfg)
+    urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
+    if "prototype" in needed:
+        urls["prototype"] = stack.enter_context(serve_churn(lifetime_s=lifetime_s, startup_timeout_s=300)).url
+    return _Started(urls, workers, described, commands)
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """The generator and the running servers of one waterfall: how each step is run, settled and climbed."""
+
+    pool: GeneratorPool
+    urls: dict[str, str]
+    ids: list[str]
+    payloads: list[dict[str, str]]
+    by_name: dict[str, WaterfallStep]
+    limit_ms: float
+    min_requests: int
+    min_duration_s: float
+
+    def url(self, name: str) -> str:
+        step = self.by_name[name]
+        return self.urls[step.server] + step.path
+
+    def settle(self, name: str) -> None:
+        """Wait until the step's server has no backlog (or 10 s)."""
+        wait_idle(self.urls[self.by_name[name].server], quick_ms=self.limit_ms, timeout_s=10, strict=False)
+
+    def run_step(
+        self, name: str, rate: float, *, n_min: int | None = None, floor_s: float | None = None
+    ) -> Any:
+        """One open-loop run of a step at a rate, long enough for ``n_min`` requests (default ``min_requests``)."""
+        duration = rung_duration_s(
+            rate,
+            min_requests=self.min_requests if n_min is None else n_min,
+            min_duration_s=self.min_duration_s if floor_s is None else floor_s,
+        )
+        return self.pool.run(
+            self.url(name), self.payloads, rate_rps=rate, duration_s=duration, seed=int(rate * 7)
+        )
+
+    def ceiling(self, step: WaterfallStep, workers: int) -> dict[str, Any]:
+        """Warm the step up (not recorded) and read its in-process ceiling."""
+        self.pool.run(self.url(step.name), self.payloads, rate_rps=50, duration_s=0.5)
+        return in_process_ceiling(self.url(step.name), self.payloads, workers=workers)
+
+    def prescan_starts(self, ladder: Sequence[float], back: int) -> dict[str, float]:
+        """A coarse climb of 200-request rungs (every fourth rung), and each step's start ``back`` rungs below it."""
+        prescan = climb(
+            lambda n, r: self.run_step(n, r, n_min=200, floor_s=0.5), list(self.by_name), list(ladder)[::4],
+            rule=SloRule(self.limit_ms, min_requests=150), retries=0, settle=self.settle,
+        )  # fmt: skip
+        return _start_rungs(prescan, ladder, back)
+
+    def climbs(
+        self,
+        ladder: Sequence[float],
+        start_rps: Mapping[str, float],
+        *,
+        repeats: int,
+        step_down: bool,
+        on_row: Callable[[dict[str, Any]], None] | None,
+    ) -> pd.DataFrame:
+        """``repeats`` climbs of every step, taking turns (``course_lib.measure.ladder.climb``), one after the other."""
+        rule = SloRule(self.limit_ms, min_requests=self.min_requests)
+        return pd.concat(
             [
-                climb(
-                    run_step,
-                    names,
-                    ladder,
-                    start_rps=start_rps,
-                    rule=SloRule(limit, min_requests=min_requests),
-                    repeat=r,
-                    settle=settle,
-                    on_row=on_row,
-                    step_down=step_down,
-                )
-                for r in range(n_repeats)
+                climb(self.run_step, list(self.by_name), ladder, start_rps=start_rps, rule=rule, repeat=r,
+                      settle=self.settle, on_row=on_row, step_down=step_down)
+                for r in range(repeats)
             ],
             ignore_index=True,
-        )
-        found = knees(runs)
-        same_rate = pd.DataFrame()
-        if same_rate_rps is not None:
-            rows = []
-            for name in same_rate_steps or names:
-                settle(name)
-                row = step_row(run_step(name, float(same_rate_rps)), p99_limit_ms=limit)
-                keep = ("rate_rps", "sent", "p50_ms", "p99_ms", "error_rate", "lag_p99_ms")
-                rows.append({"step": name, **{k: row[k] for k in keep}})
-            same_rate = pd.DataFrame(rows).set_index("step")
-        tools = pd.DataFrame()
-        if k6_step is not None:
-            s = by_name[k6_step]
-            rungs = ladder[max(0, bisect.bisect_left(ladder, start_rps[k6_step]) - 3) :]
-            show = None if on_row is None else (lambda row: on_row({**row, "target": f"{k6_step} ({row['tool']})", "met_slo": row["met"]}))  # fmt: skip
-            tools = tool_comparison(pool, urls[s.server] + s.path, ids, rungs, p99_limit_ms=limit,
-                                    min_requests=min_requests, repeats=n_repeats, settle=lambda: settle(k6_step),
-                                    on_row=show)  # fmt: skip
+        )  # fmt: skip
+
+    def same_rate(self, rate_rps: float | None, names: Sequence[str] | None) -> pd.DataFrame:
+        """Every step (or ``names``) once at one offered rate: ``sent``, ``p50_ms``, ``p99_ms``, ``error_rate``
+        (empty for no rate)."""
+        if rate_rps is None:
+            return pd.DataFrame()
+        rows = []
+        for name in names or list(self.by_name):
+            self.settle(name)
+            row = step_row(self.run_step(name, float(rate_rps)), p99_limit_ms=self.limit_ms)
+            keep = ("rate_rps", "sent", "p50_ms", "p99_ms", "error_rate", "lag_p99_ms")
+            rows.append({"step": name, **{k: row[k] for k in keep}})
+        return pd.DataFrame(rows).set_index("step")
+
+    def tools(
+        self,
+        name: str | None,
+        ladder: Sequence[float],
+        start_rps: Mapping[str, float],
+        *,
+        repeats: int,
+        on_row: Callable[[dict[str, Any]], None] | None,
+    ) -> pd.DataFrame:
+        """k6 beside the course generator on one step, from three rungs below its start (:func:`tool_comparison`;
+        empty for no step)."""
+        if name is None:
+            return pd.DataFrame()
+        rungs = list(ladder)[max(0, bisect.bisect_left(ladder, start_rps[name]) - 3) :]
+
+        def show(row: dict[str, Any]) -> None:
+            if on_row is not None:
+                on_row({**row, "target": f"{name} ({row['target']})"})
+
+        return tool_comparison(self.pool, self.url(name), self.ids, rungs, p99_limit_ms=self.limit_ms,
+                               min_requests=self.min_requests, repeats=repeats, settle=lambda: self.settle(name),
+                               on_row=None if on_row is None else show)  # fmt: skip
+
+
+def _waterfall_table(
+    steps: Sequence[WaterfallStep],
+    found: pd.DataFrame,
+    ceilings: Mapping[str, Mapping[str, Any]],
+    workers: Mapping[str, int],
+) -> pd.DataFrame:
+    """:func:`lever_table` with each step's ceiling, workers, server and path."""
+    by_name = {s.name: s for s in steps}
     table = lever_table(steps, found)
     for name, c in ceilings.items():
         table.loc[name, ["handle_ms", "ceiling_rps"]] = [c["handle_ms"], c["ceiling_rps"]]
         table.loc[name, "workers"] = workers[by_name[name].server]
         table.loc[name, "server"] = by_name[name].server
         table.loc[name, "path"] = by_name[name].path
-    settings = {
-        "p99_limit_ms": limit, "repeats": n_repeats, "min_requests": int(min_requests), "ladder_rps": ladder,
-        "start_rps": dict(start_rps), "generator_limit_rps": gen_limit, "generator_lowest_rps": float(min(generator_rates_rps)),
-        "generator_highest_rps": float(max(generator_rates_rps)), "n_generators": n_generators,
-        "servers": described,  # with the worker counts of the cores the servers ran on
-        "pinned": None if pin is None else pin.describe(),
-    }  # fmt: skip
-    stages = {name: c["stages_ms"] for name, c in ceilings.items()}
-    return WaterfallRun(table, runs, found, gen_limit, settings, tools, stats, stages, same_rate)
+    return table
