@@ -25,6 +25,7 @@ import pandas as pd
 from course_lib import env_report
 from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 from course_lib.churn.model import load_or_train_churn_model
+from course_lib.core.vocabulary import SERVING_RUNTIMES
 from course_lib.measure.batching_gain import capacity_table
 from course_lib.measure.ladder import SloRule, climb_async, open_loop_runs
 from course_lib.measure.targets import batcher_target, http_client_target
@@ -82,7 +83,7 @@ def main() -> None:
         sweep = _sweep(targets, LADDER_RPS, **sweep_kwargs)
         tables[f"in process, {runtime}"] = capacity_table(sweep, baseline=[BASELINE, BASELINE_ON_LOOP])
     if args.http:
-        for runtime in ("xgboost", "onnxruntime"):
+        for runtime in SERVING_RUNTIMES:  # native XGBoost and ONNX Runtime, as in process above
             with contextlib.ExitStack() as stack:
                 one = stack.enter_context(
                     run_server(runtime, max_batch_size=1, max_queue_delay_ms=0.0, lifetime_s=600)
