@@ -1,12 +1,12 @@
 """The whole service measured: the waterfall from prototype to production, its floor, k6 beside it, its peers.
 
-* ``_climb``: ``WaterfallStep``, ``lever_table`` (ratios with the interval over ladder and repeats, and
-  their verdict), ``lever_sentence``, ``floor_model``; the steps are climbed and their knees read with
-  ``course_lib.measure.ladder`` (``climb``, ``knees``, ``geometric_ladder``, ``start_rungs``; a rung's
-  length is ``course_lib.measure.loadgen.rung_duration_s``, re-exported here with ``MIN_REQUESTS_P99``);
+* ``_steps``: ``WaterfallStep``, ``WATERFALL`` (the steps), ``SERVERS``, ``lever_table`` (ratios with the
+  interval over ladder and repeats, and their verdict), ``lever_sentence``, ``floor_model``; the steps are climbed
+  and their knees read with ``course_lib.measure.ladder`` (``climb``, ``knees``, ``geometric_ladder``,
+  ``start_rungs``; a rung's length is ``course_lib.measure.loadgen.rung_duration_s``, re-exported here with
+  ``MIN_REQUESTS_P99``);
 * ``_record``: ``save_waterfall`` / ``load_waterfall`` (``data/measurements/service_waterfall.json``);
-* ``_bench``: ``WATERFALL`` (the steps), ``SERVERS``, ``run_waterfall`` (servers, ``Server-Timing``
-  ceilings, knees, a like-for-like p99);
+* ``_bench``: ``run_waterfall`` (servers, ``Server-Timing`` ceilings, knees, a like-for-like p99);
 * ``_k6``: ``run_k6``, Grafana k6 on ``loadtests/churn.js`` in a bounded subprocess, and its summary;
 * ``_tools``: ``tool_comparison`` (k6 beside the course generator, taking turns, repeated) and
   ``tool_agreement`` (their knees and p50s);
@@ -23,16 +23,7 @@
 from __future__ import annotations
 
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, rung_duration_s
-from course_lib.measure.waterfall._bench import (
-    FLOOR_STEP,
-    PRODUCTION_STEP,
-    PROTOTYPE_STEP,
-    SERVERS,
-    WATERFALL,
-    WaterfallRun,
-    in_process_ceiling,
-    run_waterfall,
-)
+from course_lib.measure.waterfall._bench import WaterfallRun, in_process_ceiling, run_waterfall
 from course_lib.measure.waterfall._client_cpu import (
     LOAD_TOOLS,
     RECORDED_CLIENT_CPU,
@@ -43,7 +34,6 @@ from course_lib.measure.waterfall._client_cpu import (
     load_client_cpu,
     save_client_cpu,
 )
-from course_lib.measure.waterfall._climb import WaterfallStep, floor_model, lever_sentence, lever_table
 from course_lib.measure.waterfall._k6 import (
     K6_SCRIPT,
     MEASURED_SCENARIO,
@@ -77,6 +67,17 @@ from course_lib.measure.waterfall._spin import (
     spin_comparison,
     spin_table,
     spin_verdict,
+)
+from course_lib.measure.waterfall._steps import (
+    FLOOR_STEP,
+    PRODUCTION_STEP,
+    PROTOTYPE_STEP,
+    SERVERS,
+    WATERFALL,
+    WaterfallStep,
+    floor_model,
+    lever_sentence,
+    lever_table,
 )
 from course_lib.measure.waterfall._tools import (
     AGREEMENT_TOLERANCE,

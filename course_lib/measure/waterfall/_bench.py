@@ -1,8 +1,7 @@
 """Running the service waterfall: the servers, their in-process ceilings, the interleaved knees, k6 beside.
 
-``WATERFALL`` lists the steps from the prototype (Lesson 6's server, ``course_lib.measure.load_server``)
-to the production service (``course_lib.serving.production``), one lever each, plus the null endpoint
-of the production stack as the floor. :func:`run_waterfall` starts every server they need at once
+``WATERFALL`` (``course_lib.measure.waterfall._steps``) lists the steps from the prototype to the production
+service, one lever each, plus the floor. :func:`run_waterfall` starts every server they need at once
 (each on 127.0.0.1, bounded lifetime, stopped when it returns), measures the generator's own limit on
 a null server, warms every step up, reads each step's **in-process ceiling** from its ``Server-Timing``
 header (1000 / median server work per request in ms x worker processes: what the stages alone would
@@ -22,7 +21,7 @@ import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import httpx
 import numpy as np
@@ -34,75 +33,12 @@ from course_lib.measure.generators import GeneratorPool, generator_limit, serve_
 from course_lib.measure.ladder import SloRule, climb, geometric_ladder, knees, start_rungs, step_row
 from course_lib.measure.load_server import serve_churn, wait_idle
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, rung_duration_s
-from course_lib.measure.waterfall._climb import WaterfallStep, lever_table
+from course_lib.measure.waterfall._steps import SERVERS, WATERFALL, WaterfallStep, lever_table
 from course_lib.measure.waterfall._tools import tool_comparison
 from course_lib.serving.feature_store import FeatureStore
-from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
+from course_lib.serving.production import ProductionConfig, production_command
 from course_lib.serving.profiling import parse_server_timing
 from course_lib.serving.server import DEFAULTS, run_processes
-
-PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP = "prototype", "production", "null endpoint (floor)"
-
-
-class _Common(TypedDict):
-    forward: str
-    workers: int
-
-
-_C: _Common = {"forward": "loop", "workers": 1}
-#: The servers the steps run on: ``None`` is the prototype (``serve_churn``), else a production config.
-SERVERS: dict[str, ProductionConfig | None] = {
-    "prototype": None,
-    "native-thread": ProductionConfig(
-        runtime="xgboost", forward="thread", encoder="json", http="h11", loop="asyncio", workers=1
-    ),
-    "onnx": ProductionConfig(encoder="json", http="h11", loop="asyncio", **_C),
-    "onnx-thread": ProductionConfig(forward="thread", encoder="json", http="h11", loop="asyncio", workers=1),
-    "onnx-c": ProductionConfig(encoder="json", **_C),
-    "onnx-c-orjson": ProductionConfig(**_C),
-    "production": PRODUCTION,
-}
-#: Prototype to production, one lever at a time, and the floor.
-WATERFALL: tuple[WaterfallStep, ...] = (
-    WaterfallStep(
-        PROTOTYPE_STEP, "prototype", "/score", None,
-        "Lesson 6's server: native model on the event loop, h11 + asyncio, json, one process",
-    ),
-    WaterfallStep(
-        "native, forward in a thread", "native-thread", "/score", PROTOTYPE_STEP,
-        "the native model call moved off the event loop into a worker thread",
-    ),
-    WaterfallStep(
-        "native, dynamic batching", "native-thread", "/predict", "native, forward in a thread",
-        "concurrent requests share one native call (batches of up to 64, 2 ms delay)",
-    ),
-    WaterfallStep(
-        "ONNX Runtime", "onnx", "/score", PROTOTYPE_STEP,
-        "ONNX Runtime forward, on the event loop (the production app, same stack)",
-    ),
-    WaterfallStep(
-        "ONNX, forward in a thread", "onnx-thread", "/score", "ONNX Runtime",
-        "the ONNX call moved off the event loop into a worker thread",
-    ),
-    WaterfallStep(
-        "+ httptools + uvloop", "onnx-c", "/score", "ONNX Runtime", "uvicorn's C parser and event loop",
-    ),
-    WaterfallStep(
-        "+ one orjson encode", "onnx-c-orjson", "/score", "+ httptools + uvloop",
-        "the answer encoded once with orjson instead of json",
-    ),
-    WaterfallStep(
-        PRODUCTION_STEP, "production", "/score", "+ one orjson encode", "one worker process per usable core",
-    ),
-    WaterfallStep(
-        "production, dynamic batching", "production", "/predict", PRODUCTION_STEP,
-        "ONNX calls through the dynamic batcher",
-    ),
-    WaterfallStep(
-        FLOOR_STEP, "production", "/null", PRODUCTION_STEP,
-        "constant JSON on the same stack and workers: no service work (the floor)",
-    ),
-)  # fmt: skip
 
 
 def in_process_ceiling(

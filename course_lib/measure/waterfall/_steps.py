@@ -1,7 +1,9 @@
 """The service waterfall's steps and what their knees say: one lever at a time, as ratios with intervals.
 
 Each :class:`WaterfallStep` is one server configuration and endpoint, and names the step it changes one
-lever from (its ``base``). The steps are climbed with the one rate-ladder climber,
+lever from (its ``base``). ``WATERFALL`` lists the steps from the prototype (Lesson 6's server,
+``course_lib.measure.load_server``) to the production service (``course_lib.serving.production``), one lever
+each, plus the null endpoint of the production stack as the floor; ``SERVERS`` the configurations they run on. The steps are climbed with the one rate-ladder climber,
 ``course_lib.measure.ladder.climb``, taking turns at every rung (in an order that rotates from repeat to
 repeat, so drift of a shared machine and order effects hit them alike); each rung holds at least
 ``min_requests`` requests, enough for the p99 it judges (10 / (1 - 0.99) = 1,000), and a missed rung is
@@ -31,13 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from course_lib.core.checks import integer
 from course_lib.core.intervals import interval_verdict, verdict_words
+from course_lib.serving.production import PRODUCTION, ProductionConfig
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,70 @@ def _ratio_bounds(k: pd.Series, ff: pd.Series, kb: pd.Series, ffb: pd.Series) ->
     lows = [a / b if b > 0 and math.isfinite(b) else 0.0 for a, b in zip(k, ffb, strict=True)]
     highs = [a / b if b > 0 and math.isfinite(a) else math.inf for a, b in zip(ff, kb, strict=True)]
     return float(min(lows)), float(max(highs))
+
+
+PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP = "prototype", "production", "null endpoint (floor)"
+
+
+class _Common(TypedDict):
+    forward: str
+    workers: int
+
+
+_C: _Common = {"forward": "loop", "workers": 1}
+#: The servers the steps run on: ``None`` is the prototype (``serve_churn``), else a production config.
+SERVERS: dict[str, ProductionConfig | None] = {
+    "prototype": None,
+    "native-thread": ProductionConfig(
+        runtime="xgboost", forward="thread", encoder="json", http="h11", loop="asyncio", workers=1
+    ),
+    "onnx": ProductionConfig(encoder="json", http="h11", loop="asyncio", **_C),
+    "onnx-thread": ProductionConfig(forward="thread", encoder="json", http="h11", loop="asyncio", workers=1),
+    "onnx-c": ProductionConfig(encoder="json", **_C),
+    "onnx-c-orjson": ProductionConfig(**_C),
+    "production": PRODUCTION,
+}
+#: Prototype to production, one lever at a time, and the floor.
+WATERFALL: tuple[WaterfallStep, ...] = (
+    WaterfallStep(
+        PROTOTYPE_STEP, "prototype", "/score", None,
+        "Lesson 6's server: native model on the event loop, h11 + asyncio, json, one process",
+    ),
+    WaterfallStep(
+        "native, forward in a thread", "native-thread", "/score", PROTOTYPE_STEP,
+        "the native model call moved off the event loop into a worker thread",
+    ),
+    WaterfallStep(
+        "native, dynamic batching", "native-thread", "/predict", "native, forward in a thread",
+        "concurrent requests share one native call (batches of up to 64, 2 ms delay)",
+    ),
+    WaterfallStep(
+        "ONNX Runtime", "onnx", "/score", PROTOTYPE_STEP,
+        "ONNX Runtime forward, on the event loop (the production app, same stack)",
+    ),
+    WaterfallStep(
+        "ONNX, forward in a thread", "onnx-thread", "/score", "ONNX Runtime",
+        "the ONNX call moved off the event loop into a worker thread",
+    ),
+    WaterfallStep(
+        "+ httptools + uvloop", "onnx-c", "/score", "ONNX Runtime", "uvicorn's C parser and event loop",
+    ),
+    WaterfallStep(
+        "+ one orjson encode", "onnx-c-orjson", "/score", "+ httptools + uvloop",
+        "the answer encoded once with orjson instead of json",
+    ),
+    WaterfallStep(
+        PRODUCTION_STEP, "production", "/score", "+ one orjson encode", "one worker process per usable core",
+    ),
+    WaterfallStep(
+        "production, dynamic batching", "production", "/predict", PRODUCTION_STEP,
+        "ONNX calls through the dynamic batcher",
+    ),
+    WaterfallStep(
+        FLOOR_STEP, "production", "/null", PRODUCTION_STEP,
+        "constant JSON on the same stack and workers: no service work (the floor)",
+    ),
+)  # fmt: skip
 
 
 def lever_table(steps: Sequence[WaterfallStep], knee_table: pd.DataFrame) -> pd.DataFrame:
