@@ -25,7 +25,9 @@ import pandas as pd
 from course_lib import env_report
 from course_lib.churn.export import OnnxChurnScorer, make_session, pipeline_to_onnx
 from course_lib.churn.model import load_or_train_churn_model
-from course_lib.measure.rate_sweep import capacity_table, sweep_rates
+from course_lib.core.vocabulary import SERVING_RUNTIMES
+from course_lib.measure.batching_gain import capacity_table
+from course_lib.measure.ladder import SloRule, climb_async, open_loop_runs
 from course_lib.measure.targets import batcher_target, http_client_target
 from course_lib.serving.batching.predict import run_server
 from course_lib.serving.feature_store import FeatureStore
@@ -37,9 +39,14 @@ LADDER_RPS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 3200,
 HTTP_LADDER_RPS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
 
 
-def _with_best_baseline_gain(table: pd.DataFrame, baselines: list[str]) -> pd.DataFrame:
-    best = table.loc[baselines, "sustained_rps"].max()
-    return table.assign(gain=table["sustained_rps"] / best if best > 0 else float("nan"))
+def _sweep(
+    targets: dict, ladder_rps: tuple[int, ...], *, p99_limit_ms: float, duration_s: float
+) -> pd.DataFrame:
+    """The targets taking turns on the ladder; a rung is met with no error and the p99 within the limit."""
+    run = open_loop_runs(
+        targets, duration_s=duration_s, request_timeout_s=max(0.5, 5 * p99_limit_ms / 1000), seed=1
+    )
+    return asyncio.run(climb_async(run, list(targets), ladder_rps, rule=SloRule.without_errors(p99_limit_ms)))
 
 
 def main() -> None:
@@ -60,7 +67,7 @@ def main() -> None:
     batched = f"dynamic batching (max {args.max_batch_size}, {args.max_queue_delay_ms:g} ms)"
     knobs = {"max_batch_size": args.max_batch_size, "max_queue_delay_ms": args.max_queue_delay_ms}
     one_call = {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "max_queue_size": 4096}
-    sweep_kwargs = {"p99_limit_ms": args.p99_limit_ms, "duration_s": args.duration_s, "seed": 1}
+    sweep_kwargs = {"p99_limit_ms": args.p99_limit_ms, "duration_s": args.duration_s}
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)
     tables = {}
@@ -73,11 +80,10 @@ def main() -> None:
             BASELINE_ON_LOOP: batcher_target(forward, records, run_in_thread=False, **one_call),
             batched: batcher_target(forward, records, max_queue_size=4096, **knobs),
         }
-        sweep = asyncio.run(sweep_rates(targets, LADDER_RPS, **sweep_kwargs))
-        table = capacity_table(sweep, baseline=BASELINE)
-        tables[f"in process, {runtime}"] = _with_best_baseline_gain(table, [BASELINE, BASELINE_ON_LOOP])
+        sweep = _sweep(targets, LADDER_RPS, **sweep_kwargs)
+        tables[f"in process, {runtime}"] = capacity_table(sweep, baseline=[BASELINE, BASELINE_ON_LOOP])
     if args.http:
-        for runtime in ("xgboost", "onnxruntime"):
+        for runtime in SERVING_RUNTIMES:  # native XGBoost and ONNX Runtime, as in process above
             with contextlib.ExitStack() as stack:
                 one = stack.enter_context(
                     run_server(runtime, max_batch_size=1, max_queue_delay_ms=0.0, lifetime_s=600)
@@ -87,7 +93,7 @@ def main() -> None:
                     BASELINE: http_client_target(one + "/predict", payloads),
                     batched: http_client_target(many + "/predict", payloads),
                 }
-                sweep = asyncio.run(sweep_rates(targets, HTTP_LADDER_RPS, **sweep_kwargs))
+                sweep = _sweep(targets, HTTP_LADDER_RPS, **sweep_kwargs)
             tables[f"HTTP /predict, {runtime}"] = capacity_table(sweep, baseline=BASELINE)
     print(
         f"\nHighest offered rate (Poisson, open loop) sustained with p99 <= {args.p99_limit_ms:g} ms, no errors:"

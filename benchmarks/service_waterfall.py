@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def show(row: dict) -> None:
         print(
-            f"  repeat {row['repeat']} {row['step']:<32} {row['rate_rps']:>8,.0f} req/s  try {row['attempt']}  "
-            f"sent {row['sent']:>6,}  p99 {row['p99_ms']:8.1f} ms  lag p99 {row['lag_p99_ms']:5.2f} ms  met={row['met']}",
+            f"  repeat {row['repeat']} {row['target']:<32} {row['rate_rps']:>8,.0f} req/s  try {row['attempt']}  "
+            f"sent {row['sent']:>6,}  p99 {row['p99_ms']:8.1f} ms  lag p99 {row['lag_p99_ms']:5.2f} ms  met={row['met_slo']}",
             flush=True,
         )
 

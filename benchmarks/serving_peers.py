@@ -38,14 +38,12 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing course_l
 from course_lib.core.affinity import PIN_HELP, pin_option, pinned, sides  # noqa: E402
 from course_lib.core.env import env_report  # noqa: E402
 from course_lib.measure.generators import GeneratorPool  # noqa: E402
+from course_lib.measure.ladder import SloRule, climb, geometric_ladder, knees  # noqa: E402
 from course_lib.measure.server_probes import wait_idle  # noqa: E402
-from course_lib.measure.waterfall import (  # noqa: E402  # noqa: E402
+from course_lib.measure.waterfall import (  # noqa: E402
     PEERS,
     PEERS_VENV,
     WaterfallStep,
-    geometric_ladder,
-    interleaved_climb,
-    knees,
     lever_table,
     peer_command,
     rung_duration_s,
@@ -151,31 +149,29 @@ def main(argv: list[str] | None = None) -> int:
             ) if name == PRODUCTION_NAME else None
 
         def show(row: dict) -> None:
-            print(f"  repeat {row['repeat']} {row['step']:<28} {row['rate_rps']:>8,.0f} req/s try {row['attempt']} "
-                  f"sent {row['sent']:>6,} p99 {row['p99_ms']:8.1f} ms met={row['met']}", flush=True)  # fmt: skip
+            print(f"  repeat {row['repeat']} {row['target']:<28} {row['rate_rps']:>8,.0f} req/s try {row['attempt']} "
+                  f"sent {row['sent']:>6,} p99 {row['p99_ms']:8.1f} ms met={row['met_slo']}", flush=True)  # fmt: skip
 
         ladder = geometric_ladder(50, 12_000)
-        prescan = interleaved_climb(
+        prescan = climb(
             lambda n, r: run_step(n, r, n_min=200),
             names,
             ladder[::4],
-            p99_limit_ms=limit,
+            rule=SloRule(limit, min_requests=150),
             retries=0,
-            min_requests=150,
         )
         starts = {}
         for _, row in knees(prescan).iterrows():
             below = [r for r in ladder if r <= max(row["knee_rps"], ladder[0])]
-            starts[row["step"]] = ladder[max(0, len(below) - 4)]
+            starts[row["target"]] = ladder[max(0, len(below) - 4)]
         runs = pd.concat(
             [
-                interleaved_climb(
+                climb(
                     run_step,
                     names,
                     ladder,
                     start_rps=starts,
-                    p99_limit_ms=limit,
-                    min_requests=args.min_requests,
+                    rule=SloRule(limit, min_requests=args.min_requests),
                     repeat=r,
                     settle=settle,
                     on_row=show,

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from course_lib.core.waiting import async_wait_until
+from course_lib.measure.batching_gain import capacity_table
+from course_lib.measure.ladder import SloRule, climb_async, open_loop_runs
 from course_lib.measure.loadgen import run_open_loop
-from course_lib.measure.rate_sweep import capacity_table, sweep_rates
 from course_lib.measure.targets import http_client_target, http_target
 from course_lib.serving.batching.predict import create_batched_app, customer_key, run_servers
 from course_lib.serving.feature_store import FeatureStore, customer_id, make_lookup
@@ -39,6 +40,14 @@ def service(churn_model, store_folder):
         n_customers=N_CUSTOMERS,
         store_folder=store_folder,
         churn_model=churn_model,
+    )
+
+
+def in_process_climb(targets, rates_rps, *, p99_limit_ms, retries=1, **run_kwargs):
+    """The in-process sweep of Lesson 3: the targets taking turns, no error allowed, a hiccup retried."""
+    runs = open_loop_runs(targets, request_timeout_s=max(0.5, 5 * p99_limit_ms / 1000), **run_kwargs)
+    return climb_async(
+        runs, list(targets), rates_rps, rule=SloRule.without_errors(p99_limit_ms), retries=retries
     )
 
 
@@ -276,7 +285,7 @@ def test_open_loop_load_over_http_is_answered_in_full(live_server):
 def test_a_rate_sweep_over_http_records_how_each_request_was_served(live_server):
     payloads = [body(i) for i in range(1, 41)]
     sweep = run(
-        sweep_rates(
+        in_process_climb(
             {"batched": http_client_target(live_server + "/predict", payloads)},
             [50.0],
             p99_limit_ms=1000.0,

@@ -11,11 +11,15 @@ from course_lib.core.bench import compare_latency, interleaved_rounds_ns, round_
 from course_lib.core.checks import InvalidArgumentError
 from course_lib.core.intervals import (
     UNRESOLVED,
+    VERDICTS,
     RatioInterval,
+    interval_direction,
+    interval_verdict,
     median_interval,
     min_rounds,
     ratio_interval,
     ratio_interval_from_values,
+    verdict_words,
 )
 from course_lib.core.percentiles import percentile, samples_needed
 
@@ -142,3 +146,29 @@ def test_bound_phrase_says_whether_the_whole_interval_is_on_the_bounds_side():
     for bad in ({}, {"at_most": 1.0, "at_least": 1.0}, {"at_most": 0.0}, {"at_least": float("nan")}):
         with pytest.raises(InvalidArgumentError, match=r"at_most|at_least"):
             straddles.bound_phrase(**bad)
+
+
+def test_the_one_verdict_only_when_the_interval_excludes_one():
+    assert interval_verdict(1.01, 2.0) == "gain"
+    assert interval_verdict(0.2, 0.99) == "loss"
+    assert interval_verdict(1.0, 2.0) == "not resolved"  # touching 1 is not excluding it
+    assert interval_verdict(0.5, 1.0) == "not resolved"
+    assert interval_verdict(1.2, math.inf) == "gain"  # an open end
+    for low, high in (
+        (1.01, 2.0),
+        (0.2, 0.99),
+        (1.0, 2.0),
+        (0.5, 1.0),
+    ):  # RatioInterval's direction is the same
+        assert RatioInterval(1.0, low, high, 0.97, 6).direction == interval_direction(low, high)
+        assert VERDICTS[interval_direction(low, high)] == interval_verdict(low, high)
+
+
+def test_verdict_words_say_each_verdict_one_way():
+    assert [verdict_words(v) for v in ("gain", "loss", "not resolved")] == [
+        "a gain",
+        "a loss",
+        "not resolved (the interval holds 1)",
+    ]
+    with pytest.raises(InvalidArgumentError, match="verdict must be one of"):
+        verdict_words("win")

@@ -35,15 +35,8 @@ from course_lib.measure.histograms import (
     merge_vector,
     worker_samples_vector,
 )
-from course_lib.measure.knee import (
-    climb,
-    find_knee,
-    knees_beside_generator,
-    recovery_time_s,
-    rolling_p99,
-    step_row,
-    step_table,
-)
+from course_lib.measure.knee import knees_beside_generator, recovery_time_s, rolling_p99
+from course_lib.measure.ladder import SloRule, climb, knees, step_row, step_table
 from course_lib.measure.load_tools.locust import bucket_response_time_ms, locust_percentile
 from course_lib.measure.loadgen import LoadResult, run_open_loop
 from course_lib.measure.source_loadtest import source_load_test, source_percentile
@@ -197,18 +190,21 @@ def test_step_rows_and_the_knee():
     # goodput: the rate of answers (as achieved_rps measures it) x the fraction within the limit
     assert table.loc[1, "goodput_rps"] == pytest.approx(table.loc[1, "achieved_rps"] * 90 / 100)
     assert (table["goodput_rps"] <= table["achieved_rps"]).all()
-    knee = find_knee(table)
-    assert (knee["knee_rps"], knee["first_miss_rps"], knee["generator_ok"]) == (100.0, 200.0, True)
-    assert find_knee(table.iloc[1:])["knee_rps"] == 0.0
+    knee = knees(table).iloc[0]
+    assert (knee["knee_rps"], knee["first_fail_rps"], knee["generator_ok"]) == (100.0, 200.0, True)
+    assert knee["offered_rps"] == table.loc[0, "offered_rps"]  # what the run at the knee measured
+    assert knees(table.iloc[1:]).iloc[0]["knee_rps"] == 0.0
 
 
 def test_climb_stops_at_the_first_miss_and_settles_before_every_step():
-    settled = []
+    settled, results = [], []
     runs = {50.0: _fake_result(np.ones(100), rate=50.0), 100.0: _fake_result(np.full(100, 99.0), rate=100.0)}
-    results, table = climb(
-        runs.__getitem__, [100.0, 50.0, 400.0], p99_limit_ms=10.0, settle=lambda: settled.append(1)
-    )
-    assert table["rate_rps"].tolist() == [50.0, 100.0] and len(settled) == 2 and len(results) == 2
+    table = climb(
+        lambda _, rate: runs[rate], ["server"], [100.0, 50.0, 400.0], rule=SloRule(10.0), retries=0,
+        settle=settled.append, results=results,
+    )  # fmt: skip
+    assert table["rate_rps"].tolist() == [50.0, 100.0] and settled == ["server"] * 2 and len(results) == 2
+    assert results[1] is runs[100.0] and table["met_slo"].tolist() == [True, False]
 
 
 def test_a_climb_that_starts_above_the_knee_steps_down_until_a_rate_meets():
@@ -216,16 +212,18 @@ def test_a_climb_that_starts_above_the_knee_steps_down_until_a_rate_meets():
     runs = {r: _fake_result(fast if r <= 30.0 else slow, rate=r) for r in (20.0, 30.0, 40.0, 60.0)}
     tried = []
 
-    def step(rate):
+    def step(_, rate):
         tried.append(rate)
         return runs[rate]
 
-    _, table = climb(step, [60.0], p99_limit_ms=10.0, lower_rates_rps=[20.0, 30.0, 40.0, 80.0])
+    once = {"rule": SloRule(10.0), "retries": 0, "step_down": True}
+    table = climb(step, ["s"], [20.0, 30.0, 40.0, 60.0, 80.0], start_rps={"s": 60.0}, **once)
     assert tried == [60.0, 40.0, 30.0]  # highest first, stops at the first that meets, never above the start
-    assert find_knee(table)["knee_rps"] == 30.0 and find_knee(table)["first_miss_rps"] == 40.0
+    knee = knees(table).iloc[0]
+    assert knee["knee_rps"] == 30.0 and knee["first_fail_rps"] == 40.0
     tried.clear()
-    climb(step, [20.0, 40.0], p99_limit_ms=10.0, lower_rates_rps=[30.0])
-    assert tried == [20.0, 40.0]  # the first rate met: nothing lower is tried
+    climb(step, ["s"], [20.0, 30.0, 40.0], start_rps={"s": 30.0}, **once)
+    assert tried == [30.0, 40.0]  # the first rate met: nothing lower is tried
 
 
 def test_spike_schedule_has_three_phases_at_their_rates():

@@ -9,12 +9,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from course_lib.measure.batching_gain import capacity_table
+from course_lib.measure.ladder import SloRule, climb_async, open_loop_runs, sustainable_rate
 from course_lib.measure.loadgen import SPIN_WINDOW_S, outcome_of, run_open_loop
-from course_lib.measure.rate_sweep import capacity_table, sustainable_rate, sweep_rates
 from course_lib.measure.targets import batcher_target, coroutine_target
 from course_lib.serving.batching.batcher import DynamicBatcher
 from course_lib.serving.service import HttpStatusError
 from course_lib.simulate.traffic import poisson_arrivals_ms
+
+
+def in_process_climb(targets, rates_rps, *, p99_limit_ms, retries=1, **run_kwargs):
+    """The in-process sweep of Lesson 3: the targets taking turns, no error allowed, a hiccup retried."""
+    runs = open_loop_runs(targets, request_timeout_s=max(0.5, 5 * p99_limit_ms / 1000), **run_kwargs)
+    return climb_async(
+        runs, list(targets), rates_rps, rule=SloRule.without_errors(p99_limit_ms), retries=retries
+    )
 
 
 def run(coro, timeout_s: float = 20.0):
@@ -151,7 +160,7 @@ def test_sustainable_rate_reads_simulator_sweeps_too():
         sustainable_rate(table, p99_limit_ms=10.0)
 
 
-def test_sweep_climbs_the_ladder_side_by_side_and_drops_a_target_at_its_first_miss():
+def test_the_climb_goes_up_the_ladder_side_by_side_and_drops_a_target_at_its_first_miss():
     lock = asyncio.Lock()
 
     async def serial_40ms(i):  # one request at a time, 40 ms each: about 25 requests/s at most
@@ -167,7 +176,7 @@ def test_sweep_climbs_the_ladder_side_by_side_and_drops_a_target_at_its_first_mi
         yield serial_40ms
 
     sweep = run(
-        sweep_rates(
+        in_process_climb(
             {"fast": fast_factory, "slow": slow_factory},
             [160.0, 10.0, 80.0],
             p99_limit_ms=300.0,
@@ -266,7 +275,7 @@ def test_a_p99_miss_that_kept_up_is_retried_and_does_not_end_the_climb():
         yield send
 
     sweep = run(
-        sweep_rates(
+        in_process_climb(
             {"hiccup": hiccup_once}, [20.0, 40.0, 60.0], p99_limit_ms=300.0, duration_s=1.0, warmup_requests=3
         )
     )
@@ -287,7 +296,9 @@ def test_errors_end_the_climb_without_a_retry():
         yield send
 
     sweep = run(
-        sweep_rates({"down": refusing}, [20.0, 40.0], p99_limit_ms=300.0, duration_s=0.2, warmup_requests=0)
+        in_process_climb(
+            {"down": refusing}, [20.0, 40.0], p99_limit_ms=300.0, duration_s=0.2, warmup_requests=0
+        )
     )
     assert sweep["attempt"].tolist() == [1]
     assert not sweep["met_slo"].any()
@@ -299,7 +310,7 @@ def test_negative_retries_are_rejected():
         yield instant
 
     with pytest.raises(ValueError, match="retries must be an integer >= 0, got -1"):
-        run(sweep_rates({"a": factory}, [10.0], p99_limit_ms=10.0, duration_s=0.1, retries=-1))
+        run(in_process_climb({"a": factory}, [10.0], p99_limit_ms=10.0, duration_s=0.1, retries=-1))
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from course_lib.measure.generators import GeneratorPool
-from course_lib.measure.knee import find_knee, step_table
+from course_lib.measure.ladder import knees, step_table
 from course_lib.measure.load_tools.locust import run_locust
 from course_lib.measure.server_probes import wait_idle
 from course_lib.serving.prototype import serve_churn
@@ -48,7 +48,7 @@ def test_generator_processes_drive_the_real_server_and_count_every_request(serve
     assert s["sent"] == s["ok"] + s["shed"] + s["timeouts"] + s["other_errors"] > 0
     table = step_table([result], p99_limit_ms=60_000.0)
     assert list(table["rate_rps"]) == [20.0]
-    assert find_knee(table)["knee_rps"] in (0.0, 20.0)
+    assert knees(table).iloc[0]["knee_rps"] in (0.0, 20.0)
     assert result.requests.loc[result.requests["ok"], "batch_size"].ge(1).all()
 
 

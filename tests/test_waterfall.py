@@ -1,183 +1,27 @@
-"""The service waterfall: ladders, the interleaved climb, knees, lever intervals, the record, k6's summary,
+"""The service waterfall: lever intervals, the record, k6's summary,
 and a smoke run of the benchmark's code against real servers (production and its null endpoint)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from course_lib.core.checks import InvalidArgumentError
 from course_lib.measure.load_tools import K6Result, parse_k6_summary
-from course_lib.measure.loadgen import LoadResult
 from course_lib.measure.waterfall import (
     WaterfallStep,
-    geometric_ladder,
-    interleaved_climb,
-    knees,
     lever_table,
-    lever_verdict,
     load_waterfall,
-    rung_duration_s,
     save_waterfall,
     tool_agreement,
 )
 
 
-def fake_result(
-    rate: float, n: int, latency_ms: float, *, lag_ms: float = 0.1, failed: int = 0
-) -> LoadResult:
-    """A LoadResult of n requests at ``rate`` whose slowest 2 % take ``latency_ms`` (the rest 1 ms)."""
-    lat = np.ones(n)
-    lat[: max(1, n // 50)] = latency_ms
-    ok = np.ones(n, dtype=bool)
-    ok[:failed] = False
-    frame = pd.DataFrame(
-        {
-            "request_id": np.arange(n),
-            "scheduled_ms": np.arange(n) * 1000.0 / rate,
-            "lag_ms": np.full(n, lag_ms),
-            "latency_ms": np.where(ok, lat, np.nan),
-            "ok": ok,
-            "outcome": np.where(ok, "ok", "error"),
-            "error": np.where(ok, "", "boom"),
-        }
-    )
-    return LoadResult(frame, rate_rps=rate, planned=n, wall_s=n / rate)
-
-
-def capacity_runner(capacity: dict[str, float], calls: list, *, n: int = 1000, flaky: set | None = None):
-    """run_step for steps that meet a 100 ms p99 below their capacity (``flaky``: (step, rate) missing once)."""
-    flaky = set(flaky or ())
-
-    def run(step: str, rate: float) -> LoadResult:
-        calls.append((step, rate))
-        if (step, rate) in flaky:
-            flaky.discard((step, rate))
-            return fake_result(rate, n, 500.0)
-        return fake_result(rate, n, 20.0 if rate <= capacity[step] else 500.0)
-
-    return run
-
-
-def test_ladder_and_rung_size():
-    assert geometric_ladder(100, 400, ratio=2) == [100.0, 200.0, 400.0]
-    ladder = geometric_ladder(20, 8000)
-    assert ladder[0] == 20 and ladder[-1] >= 8000
-    assert all(1.17 < b / a < 1.21 for a, b in itertools.pairwise(ladder))
-    assert rung_duration_s(25) == pytest.approx((1000 + 3 * 1000**0.5) / 25)  # >= 1,000 requests at 25 req/s
-    assert rung_duration_s(5000, min_duration_s=1.5) == 1.5
-    with pytest.raises(InvalidArgumentError, match="rate_rps"):
-        rung_duration_s(0)
-    with pytest.raises(ValueError, match="ratio"):
-        geometric_ladder(1, 10, ratio=1.0)
-
-
-def test_interleaved_climb_takes_turns_retries_once_and_stops_each_step_at_its_miss():
-    calls: list = []
-    run = capacity_runner({"A": 100, "B": 300}, calls, flaky={("B", 140.0)})
-    rows = interleaved_climb(run, ["A", "B"], [50, 70, 100, 140, 200, 280, 400], p99_limit_ms=100.0)
-    assert calls[:4] == [("A", 50.0), ("B", 50.0), ("A", 70.0), ("B", 70.0)]  # turns at every rung
-    retried = rows[(rows["step"] == "B") & (rows["rate_rps"] == 140)]
-    assert list(retried["attempt"]) == [1, 2] and list(retried["met"]) == [False, True]
-    a_rows = rows[rows["step"] == "A"]
-    assert (
-        a_rows["rate_rps"].max() == 140 and len(a_rows[a_rows["rate_rps"] == 140]) == 2
-    )  # missed twice, stopped
-    k = knees(rows).set_index("step")
-    assert k.loc["A", "knee_rps"] == 100 and k.loc["A", "first_fail_rps"] == 140
-    assert k.loc["B", "knee_rps"] == 280 and k.loc["B", "first_fail_rps"] == 400
-    assert not k["generator_bound"].any()
-
-
-def test_climb_rotates_order_respects_starts_and_needs_enough_requests_and_a_punctual_generator():
-    calls: list = []
-    run = capacity_runner({"A": 1000, "B": 1000}, calls)
-    interleaved_climb(run, ["A", "B"], [50, 100], p99_limit_ms=100.0, repeat=1, start_rps={"A": 100})
-    assert calls == [("B", 50.0), ("B", 100.0), ("A", 100.0)]
-    few = interleaved_climb(
-        lambda s, r: fake_result(r, 200, 5.0), ["A"], [50, 100], p99_limit_ms=100.0, min_requests=1000
-    )
-    assert not few["met"].any() and not few["enough_requests"].any()
-    late_but_fast = interleaved_climb(
-        lambda s, r: fake_result(r, 2000, 5.0, lag_ms=3.0), ["A"], [50], p99_limit_ms=100.0
-    )
-    assert late_but_fast["met"].all()  # latency counts the lag already: met despite it
-    late_and_slow = interleaved_climb(
-        lambda s, r: fake_result(r, 2000, 500.0, lag_ms=300.0), ["A"], [50], p99_limit_ms=100.0
-    )
-    k = knees(late_and_slow).iloc[0]
-    assert k["knee_rps"] == 0 and k["generator_bound"]
-    with pytest.raises(ValueError, match="steps"):
-        interleaved_climb(run, [], [50], p99_limit_ms=100.0)
-
-
-def test_a_start_above_this_machines_capacity_steps_down_until_a_rung_meets_when_asked():
-    ladder = [50, 70, 100, 140, 200, 280]
-    calls: list = []
-    run = capacity_runner({"A": 70, "B": 1000, "C": 10}, calls)
-    starts = {"A": 200, "B": 140, "C": 100}
-    rows = interleaved_climb(
-        run, ["A", "B", "C"], ladder, p99_limit_ms=100.0, start_rps=starts, step_down=True
-    )
-    k = knees(rows).set_index("step")
-    assert (k.loc["A", "knee_rps"], k.loc["A", "first_fail_rps"]) == (70, 100)  # 200, 140, 100 missed, 70 met
-    assert [r for s, r in calls if s == "A"] == [
-        200,
-        200,
-        140,
-        100,
-        70,
-    ]  # the start tried twice, then once each
-    assert k.loc["B", "knee_rps"] == 280 and math.isnan(k.loc["B", "first_fail_rps"])  # climbed as before
-    assert (k.loc["C", "knee_rps"], k.loc["C", "first_fail_rps"]) == (0, 50)  # even the first rung missed
-    plain = knees(interleaved_climb(capacity_runner({"A": 70}, []), ["A"], ladder, p99_limit_ms=100.0,
-                                    start_rps={"A": 200})).iloc[0]  # fmt: skip
-    assert (plain["knee_rps"], plain["first_fail_rps"]) == (0, 200)  # without step_down: knee 0, as before
-
-
-def test_step_down_starts_from_the_first_rung_run_and_bad_climb_inputs_are_refused():
-    ladder = [100, 141, 200, 283, 400]
-    calls: list = []
-    rows = interleaved_climb(capacity_runner({"A": 150}, calls), ["A"], ladder, p99_limit_ms=100.0,
-                             start_rps={"A": 250}, step_down=True, retries=0)  # fmt: skip
-    assert [r for _, r in calls] == [283, 200, 141]  # 250 lies between rungs: it starts at 283
-    k = knees(rows).iloc[0]
-    assert (k["knee_rps"], k["first_fail_rps"]) == (141, 200)
-    run = capacity_runner({"A": 150, "B": 150}, [])
-    bad = [
-        ({"steps": "AB"}, "steps must be a list or tuple"),
-        ({"steps": ["A", "A"]}, "steps must not repeat"),
-        ({"ladder_rps": []}, "ladder_rps"),
-        ({"ladder_rps": [100, 100, 200]}, "ladder_rps"),
-        ({"ladder_rps": [0, 100]}, "ladder_rps"),
-        ({"ladder_rps": [100, float("nan")]}, "ladder_rps"),
-        ({"start_rps": {"a": 200}}, "not climbed"),
-        ({"start_rps": {"A": 1000}}, r"start_rps\['A'\]"),
-        ({"start_rps": {"A": float("nan")}}, r"start_rps\['A'\]"),
-        ({"start_rps": {"A": "200"}}, r"start_rps\['A'\]"),
-        ({"step_down": "no"}, "step_down"),
-        ({"repeat": 1.5}, "repeat"),
-    ]
-    for change, message in bad:
-        kwargs = {"steps": ["A", "B"], "ladder_rps": ladder, "p99_limit_ms": 100.0, **change}
-        with pytest.raises(InvalidArgumentError, match=message):
-            interleaved_climb(run, **kwargs)
-
-
-def test_lever_verdict_only_when_the_interval_excludes_one():
-    assert lever_verdict(1.01, 2.0) == "gain"
-    assert lever_verdict(0.2, 0.99) == "loss"
-    assert lever_verdict(1.0, 2.0) == "not resolved"  # touching 1 is not excluding it
-    assert lever_verdict(0.5, 1.0) == "not resolved"
-
-
 def knee_frame(rows: list[tuple]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=["repeat", "step", "knee_rps", "first_fail_rps", "generator_bound"])
+    return pd.DataFrame(rows, columns=["repeat", "target", "knee_rps", "first_fail_rps", "generator_bound"])
 
 
 STEPS = [

@@ -11,8 +11,12 @@ ratios, from order statistics (the interval behind the sign test): with ``n`` ro
 the distribution. It assumes nothing about normality and needs no resampling; its price is rounds: a
 95 % interval needs at least 6 (``min_rounds(0.95)``), where it is the range of the six ratios.
 
-:class:`RatioInterval` carries the ratio and its interval and words the result: a direction ("1.4x
-faster") only when the whole interval lies on one side of 1, otherwise "not resolved on this run".
+:func:`interval_direction` is the one verdict on a ratio's interval: a direction only when the interval
+excludes 1 (no change). :func:`interval_verdict` names it in the course's words for a capacity ratio
+("gain", "loss", "not resolved"; the ``verdict`` column of the waterfall's and the peers' records), and
+:func:`verdict_words` puts that word in a sentence. :class:`RatioInterval` carries a ratio and its
+interval and words the comparison: a direction ("1.4x faster") only when the whole interval lies on one
+side of 1, otherwise "not resolved on this run".
 
 References
 ----------
@@ -34,15 +38,62 @@ from course_lib.core.percentiles import percentile, samples_needed
 
 __all__ = [
     "UNRESOLVED",
+    "VERDICTS",
     "RatioInterval",
+    "interval_direction",
+    "interval_verdict",
     "median_interval",
     "min_rounds",
     "ratio_interval",
     "ratio_interval_from_values",
+    "verdict_words",
 ]
 
 #: The words for a comparison whose interval contains 1.
 UNRESOLVED = "not resolved on this run"
+#: The verdict on a ratio's interval, by direction: above 1, below 1, containing 1.
+VERDICTS: dict[int, str] = {1: "gain", -1: "loss", 0: "not resolved"}
+_VERDICT_WORDS = {"gain": "a gain", "loss": "a loss", "not resolved": "not resolved (the interval holds 1)"}
+
+
+def interval_direction(low: float, high: float) -> int:
+    """-1 when the interval [low, high] lies below 1, +1 when above, 0 when it holds 1 (no change not excluded).
+
+    An end that touches 1 does not exclude it. A NaN end excludes nothing on its side.
+
+    >>> interval_direction(1.01, 2.0), interval_direction(0.2, 0.99), interval_direction(1.0, 2.0)
+    (1, -1, 0)
+    """
+    if high < 1.0:
+        return -1
+    if low > 1.0:
+        return 1
+    return 0
+
+
+def interval_verdict(low: float, high: float) -> str:
+    """``"gain"`` if the interval [low, high] of a ratio (candidate / base) lies above 1, ``"loss"`` if below,
+    else ``"not resolved"`` (:func:`interval_direction` in words; :data:`VERDICTS`).
+
+    >>> interval_verdict(1.2, 3.0), interval_verdict(0.4, 0.9), interval_verdict(0.8, 1.5)
+    ('gain', 'loss', 'not resolved')
+    """
+    return VERDICTS[interval_direction(low, high)]
+
+
+def verdict_words(verdict: str) -> str:
+    """A verdict of :func:`interval_verdict` for a sentence: "a gain", "a loss", "not resolved (the interval holds 1)".
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a word that is not one of :data:`VERDICTS`.
+
+    >>> verdict_words("not resolved")
+    'not resolved (the interval holds 1)'
+    """
+    checks.one_of("verdict", verdict, tuple(_VERDICT_WORDS))
+    return _VERDICT_WORDS[verdict]
 
 
 def _coverage(n: int, k: int) -> float:
@@ -145,12 +196,8 @@ class RatioInterval:
 
     @property
     def direction(self) -> int:
-        """-1 when the whole interval is below 1, +1 when above, 0 when it contains 1 (not resolved)."""
-        if self.high < 1.0:
-            return -1
-        if self.low > 1.0:
-            return 1
-        return 0
+        """-1 when the whole interval is below 1, +1 when above, 0 when it contains 1 (:func:`interval_direction`)."""
+        return interval_direction(self.low, self.high)
 
     @property
     def resolved(self) -> bool:

@@ -1,14 +1,16 @@
 """What a load-test ladder says about a batching gain, and Amdahl's bound on that gain.
 
-A ``capacity_table`` (``course_lib.measure.rate_sweep``) gives each configuration's ``sustained_rps`` (the highest
-rung of the rate ladder that met the p99 limit) and ``first_failed_rps`` (the lowest rung where every
+:func:`capacity_table` reads a climb of the rate ladder (``course_lib.measure.ladder.climb``) with its one
+knee reader (``course_lib.measure.ladder.knees``): each configuration's ``sustained_rps`` (its knee: the
+highest rung of the ladder that met the p99 limit) and ``first_failed_rps`` (the lowest rung where every
 try missed; NaN if the configuration met every rung). Its true capacity lies between the two, so the
 gain of a batched configuration over a baseline is only known to lie in an interval:
 
     sustained_batched / first_failed_baseline  <=  gain  <=  first_failed_batched / sustained_baseline
 
 with an open end where a configuration met every rung. :func:`gain_verdict` reports the point ratio of
-the sustained rungs together with that interval, and :func:`bound_verdict` says whether an Amdahl
+the sustained rungs together with that interval and its verdict
+(``course_lib.core.intervals.interval_verdict``), and :func:`bound_verdict` says whether an Amdahl
 bound lies below, inside or above it.
 
 Amdahl's law for batching: a request costs ``h`` ms of per-request work (HTTP, parsing, lookup,
@@ -27,14 +29,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, positive_number
+from course_lib.core.checks import InvalidArgumentError, integer, non_empty, number, one_of, positive_number
+from course_lib.core.intervals import interval_verdict
+from course_lib.measure.ladder import knees
 from course_lib.serving.profiling import parse_server_timing
 from course_lib.serving.service import HttpStatusError
 
@@ -43,6 +47,7 @@ __all__ = [
     "RoundTrip",
     "amdahl_bound",
     "bound_verdict",
+    "capacity_table",
     "gain_texts",
     "gain_verdict",
     "median_round_trip",
@@ -71,12 +76,60 @@ class GainVerdict:
 
     @property
     def direction(self) -> str:
-        """``"gain"`` if the whole interval lies above 1, ``"loss"`` if below, else ``"not resolved"``."""
-        if self.low > 1:
-            return "gain"
-        if self.high < 1:
-            return "loss"
-        return "not resolved"
+        """``"gain"`` if the whole interval lies above 1, ``"loss"`` if below, else ``"not resolved"``
+        (``course_lib.core.intervals.interval_verdict``)."""
+        return interval_verdict(self.low, self.high)
+
+
+def capacity_table(climbed: pd.DataFrame, *, baseline: str | Sequence[str]) -> pd.DataFrame:
+    """Per target of a climb: the highest rung that met the SLO and the gain over a baseline.
+
+    Parameters
+    ----------
+    climbed : rows of ``course_lib.measure.ladder.climb`` (``target``, ``rate_rps``, ``met_slo``: the SLO
+        that was applied; ``offered_rps``, ``achieved_rps``, ``p99_ms``, ``mean_batch_size`` where run).
+    baseline : str or sequence of str
+        Target the ``gain`` column divides by (e.g. the one-call-per-request configuration). With several
+        names the one that sustained the highest rate is used, the rule of :func:`gain_verdict`; its name
+        is in ``table.attrs["baseline"]``.
+
+    Returns
+    -------
+    DataFrame indexed by target with ``sustained_rps`` (the knee, ``course_lib.measure.ladder.knees``: a
+    lower bound, since the true limit lies below the next rung), the realised ``offered_rps`` and the
+    ``achieved_rps`` of that run, its ``p99_ms`` and ``mean_batch_size`` at that rate (NaN without a
+    knee), ``first_failed_rps`` (lowest rung where every try missed, NaN if none did) and ``gain``
+    (sustained_rps / baseline's; NaN if the baseline met the SLO at no rate, in which case start the
+    ladder lower).
+
+    Raises
+    ------
+    ValueError
+        If a ``baseline`` is not a target of the climb, or none is named.
+    """
+    baselines = [baseline] if isinstance(baseline, str) else list(baseline)
+    non_empty("baseline", baselines)
+    for name in baselines:
+        one_of("baseline", name, sorted(set(climbed["target"])))
+    found = knees(climbed.drop(columns=["repeat"], errors="ignore"))  # repeats pooled, per target
+    rows: dict[Hashable, dict[str, float]] = {}
+    for _, k in found.iterrows():
+        rows[k["target"]] = {
+            "sustained_rps": float(k["knee_rps"]),
+            **{
+                c: float(k.get(c, math.nan))
+                for c in ("offered_rps", "achieved_rps", "p99_ms", "mean_batch_size")
+            },
+            "first_failed_rps": float(k["first_fail_rps"]),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "target"
+    sustained = table["sustained_rps"]
+    best = max(baselines, key=lambda name: sustained.loc[name])
+    base = sustained.loc[best]
+    table["gain"] = table["sustained_rps"] / base if base > 0 else math.nan
+    table.attrs["baseline"] = best
+    return table
 
 
 def _rung(capacity: pd.DataFrame, name: str, column: str) -> float:
@@ -90,7 +143,7 @@ def gain_verdict(capacity: pd.DataFrame, baselines: Sequence[str], batched: str)
 
     Parameters
     ----------
-    capacity : DataFrame from ``course_lib.measure.rate_sweep.capacity_table``, indexed by target, with
+    capacity : DataFrame from :func:`capacity_table`, indexed by target, with
         ``sustained_rps`` and ``first_failed_rps`` (requests/s).
     baselines : names of the one-call-per-request targets; the one that sustained most is used.
     batched : name of the batched target.
@@ -150,7 +203,7 @@ def gain_texts(capacity: pd.DataFrame, baselines: Sequence[str]) -> pd.Series:
 
     Parameters
     ----------
-    capacity : DataFrame from ``course_lib.measure.rate_sweep.capacity_table``, indexed by target.
+    capacity : DataFrame from :func:`capacity_table`, indexed by target.
     baselines : names of the one-call-per-request targets; the one that sustained most is used.
 
     Returns

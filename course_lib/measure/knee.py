@@ -1,12 +1,11 @@
-"""Finding the knee and surviving a spike: step the offered load up, then push past it and watch recovery.
+"""Reading a knee against the generator's limit, and surviving a spike: how long the tail takes to recover.
 
-The *knee* is the highest offered rate at which the service still meets its SLO (here: p99 within a
-stated limit and fewer than 0.1% errors): below it latency barely moves with load, above it queues
-grow and the tail explodes. ``step_table`` turns one open-loop run per rate into the row a load-test
-report needs (offered and achieved rate, p50/p95/p99/p99.9, error, shed and timeout rates, goodput and
-whether the generator kept up); ``find_knee`` reads the knee off it. ``spike_schedule`` builds the
-arrival times of "steady, spike, steady" and ``rolling_p99`` / ``recovery_time_s`` say how long after
-the spike the tail came back within the SLO.
+The *knee* is the highest offered rate at which the service still meets its SLO (p99 within a stated
+limit and fewer than 0.1% errors): below it latency barely moves with load, above it queues grow and
+the tail explodes. The climb that finds it and the knee reader are ``course_lib.measure.ladder``
+(``climb``, ``knees``); here ``knees_beside_generator`` says in words where knees sit against the
+generator's own limit, and ``rolling_p99`` / ``recovery_time_s`` say how long after a spike
+(``course_lib.simulate.traffic.spike_schedule``: "steady, spike, steady") the tail came back within the SLO.
 
 References
 ----------
@@ -17,144 +16,15 @@ Google SRE book, ch. 4 "Service Level Objectives" (percentile SLOs) and ch. 21 "
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from course_lib.core.checks import InvalidArgumentError, instance_of, positive_number
-from course_lib.core.percentiles import percentile, percentiles
-from course_lib.measure.loadgen import SEND_LAG_BOUND_MS, LoadResult
+from course_lib.core.percentiles import percentile
 
-__all__ = [
-    "MAX_ERROR_RATE",
-    "climb",
-    "find_knee",
-    "knees_beside_generator",
-    "recovery_time_s",
-    "rolling_p99",
-    "step_row",
-    "step_table",
-]
-
-#: Default error budget of the SLO: fewer than 0.1% of requests may fail (shed and timeouts included).
-MAX_ERROR_RATE = 0.001
-
-
-def step_row(
-    result: LoadResult,
-    *,
-    p99_limit_ms: float,
-    max_error_rate: float = MAX_ERROR_RATE,
-    lag_bound_ms: float = SEND_LAG_BOUND_MS,
-) -> dict[str, float]:
-    """One row of a knee table from one run at one offered rate.
-
-    Returns
-    -------
-    dict with ``rate_rps`` (asked), ``offered_rps``/``achieved_rps`` (measured, see
-    ``LoadResult.summary``), ``sent``, ``ok``, ``shed``, ``timeouts``, ``other_errors``,
-    ``p50_ms``/``p95_ms``/``p99_ms``/``p99.9_ms`` (nearest rank, successful requests, from the intended
-    send time), ``error_rate`` and ``shed_rate`` (fractions of sent), ``goodput_rps`` (answers within
-    the p99 limit per second: ``achieved_rps`` x the fraction of answers within it, so never above
-    ``achieved_rps``), ``lag_p99_ms``, ``generator_ok`` and ``met_slo``
-    (p99 <= limit and error rate < ``max_error_rate``), and ``mean_batch_size`` where the target
-    reported batch sizes.
-    """
-    limit = positive_number("p99_limit_ms", p99_limit_ms)
-    s = result.summary(lag_bound_ms=lag_bound_ms)
-    req = result.requests
-    ok = req[req["ok"]]
-    lat = percentiles(ok["latency_ms"].to_numpy(), (50, 95, 99, 99.9)) if len(ok) else {}
-    error_rate = s["errors"] / s["sent"]
-    row = {k: s[k] for k in ("rate_rps", "offered_rps", "achieved_rps", "sent", "ok", "shed", "timeouts")}
-    row["other_errors"] = s["other_errors"]
-    for q in ("p50", "p95", "p99", "p99.9"):
-        row[f"{q}_ms"] = lat.get(q, math.nan)
-    row.update(
-        error_rate=error_rate,
-        shed_rate=s["shed"] / s["sent"],
-        goodput_rps=s["achieved_rps"] * float((ok["latency_ms"] <= limit).mean()) if len(ok) else 0.0,
-        lag_p99_ms=s["lag_p99_ms"],
-        generator_ok=s["generator_ok"],
-        met_slo=bool(len(ok) > 0 and row["p99_ms"] <= limit and error_rate < max_error_rate),
-    )
-    if "mean_batch_size" in s:  # the target reported how each request was batched
-        row["mean_batch_size"] = s["mean_batch_size"]
-    return row
-
-
-def step_table(results: Sequence[LoadResult], *, p99_limit_ms: float, **kwargs: float) -> pd.DataFrame:
-    """``step_row`` of each run, one row per offered rate, in the order given."""
-    return pd.DataFrame([step_row(r, p99_limit_ms=p99_limit_ms, **kwargs) for r in results])
-
-
-def climb(
-    run_step: Callable[[float], LoadResult],
-    rates_rps: Iterable[float],
-    *,
-    p99_limit_ms: float,
-    misses_allowed: int = 1,
-    settle: Callable[[], object] | None = None,
-    lower_rates_rps: Iterable[float] = (),
-    **row_kwargs: float,
-) -> tuple[list[LoadResult], pd.DataFrame]:
-    """Run ``run_step(rate)`` for each rate in ascending order until ``misses_allowed`` rates missed the SLO.
-
-    Past the knee every further step only builds a longer backlog, so the climb stops. ``settle()``
-    (e.g. ``course_lib.measure.server_probes.wait_idle``) runs before every step so a step does not inherit the
-    previous one's backlog. A climb that starts from an expected knee (a record from another run) can
-    start above this run's knee: when its first rate misses, the ``lower_rates_rps`` below it are tried
-    from the highest down until one meets the SLO, so :func:`find_knee` finds a knee instead of 0.
-
-    Returns
-    -------
-    (results, table)
-        The runs and their ``step_table``.
-    """
-    results: list[LoadResult] = []
-    misses = 0
-    for rate in sorted(float(r) for r in rates_rps):
-        if settle is not None:
-            settle()
-        results.append(run_step(rate))
-        if not step_row(results[-1], p99_limit_ms=p99_limit_ms, **row_kwargs)["met_slo"]:
-            misses += 1
-            if misses >= misses_allowed:
-                break
-    if results and not step_row(results[0], p99_limit_ms=p99_limit_ms, **row_kwargs)["met_slo"]:
-        first = float(results[0].rate_rps)
-        for rate in sorted((float(r) for r in lower_rates_rps if float(r) < first), reverse=True):
-            if settle is not None:
-                settle()
-            results.append(run_step(rate))
-            if step_row(results[-1], p99_limit_ms=p99_limit_ms, **row_kwargs)["met_slo"]:
-                break
-    return results, step_table(results, p99_limit_ms=p99_limit_ms, **row_kwargs)
-
-
-def find_knee(table: pd.DataFrame) -> dict[str, float]:
-    """The knee of a ``step_table``: the highest rate that met the SLO with every lower rate meeting it too.
-
-    Returns
-    -------
-    dict with ``knee_rps`` (the ``rate_rps`` asked, 0.0 if the first step missed), ``knee_offered_rps``
-    (measured), ``first_miss_rps`` (the next rate, where it failed; NaN if none did) and
-    ``generator_ok`` (whether the generator kept within its lag bound up to and including the knee; if
-    not, the knee may be the generator's, not the service's).
-    """
-    missing = {"rate_rps", "offered_rps", "met_slo", "generator_ok"} - set(table.columns)
-    if missing:
-        raise ValueError(f"table is missing columns {sorted(missing)}")
-    ordered = table.sort_values("rate_rps").reset_index(drop=True)
-    failed = ordered.index[~ordered["met_slo"].astype(bool)]
-    upto = ordered if not len(failed) else ordered.iloc[: failed[0]]
-    return {
-        "knee_rps": float(upto["rate_rps"].max()) if len(upto) else 0.0,
-        "knee_offered_rps": float(upto["offered_rps"].iloc[-1]) if len(upto) else math.nan,
-        "first_miss_rps": float(ordered.loc[failed[0], "rate_rps"]) if len(failed) else math.nan,
-        "generator_ok": bool(upto["generator_ok"].all()) if len(upto) else False,
-    }
+__all__ = ["knees_beside_generator", "recovery_time_s", "rolling_p99"]
 
 
 def _rps(value: float) -> str:

@@ -8,7 +8,7 @@ behind, that lag counts against the latency instead of silently vanishing ("coor
 
 The target is any coroutine function ``send(i)``: an HTTP POST or an in-process call such as
 ``DynamicBatcher.submit`` (ready-made ones in ``course_lib.measure.targets``). Ladders of rates built
-on this generator live in ``course_lib.measure.rate_sweep``.
+on this generator live in ``course_lib.measure.ladder``.
 
 References
 ----------

@@ -210,7 +210,7 @@ class GeneratorPool:
     def step_runner(
         self, url: str, payloads: Sequence[Any], **run_kwargs: Any
     ) -> Callable[[float], LoadResult]:
-        """A one-argument ``rate -> LoadResult`` for ``course_lib.measure.knee.climb``: ``run`` at that rate (seed = rate)."""
+        """A one-argument ``rate -> LoadResult`` for ``course_lib.measure.ladder.climb``: ``run`` at that rate (seed = rate)."""
 
         def step(rate_rps: float) -> LoadResult:
             return self.run(url, payloads, rate_rps=rate_rps, seed=int(rate_rps), **run_kwargs)

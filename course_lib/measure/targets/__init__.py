@@ -2,8 +2,8 @@
 
 ``course_lib.measure.loadgen.run_open_loop`` sends request ``i`` by awaiting ``send(i)``; these build such a
 ``send`` from what is under test. The ``*_target`` functions that return a factory (a zero-argument
-async context manager yielding ``send``) give every run of a ladder (``course_lib.measure.rate_sweep``) a
-fresh client or batcher, so runs do not share a backlog.
+async context manager yielding ``send``) give every run of a ladder (``course_lib.measure.ladder.open_loop_runs``)
+a fresh client or batcher, so runs do not share a backlog.
 
 References
 ----------
@@ -113,7 +113,7 @@ def batcher_target(
     fields: Iterable[str] = SERVED_FIELDS,
     **batcher_kwargs: Any,
 ) -> Callable[[], AbstractAsyncContextManager[Send]]:
-    """Factory for ``sweep_rates``: a fresh ``DynamicBatcher`` per run, in process (no HTTP).
+    """Factory for ``course_lib.measure.ladder.open_loop_runs``: a fresh ``DynamicBatcher`` per run, in process (no HTTP).
 
     Parameters
     ----------
@@ -137,7 +137,7 @@ def batcher_target(
 def http_client_target(
     url: str, payloads: Sequence[Any], *, fields: Iterable[str] = SERVED_FIELDS, max_connections: int = 256
 ) -> Callable[[], AbstractAsyncContextManager[Send]]:
-    """Factory for ``sweep_rates``: a fresh ``httpx.AsyncClient`` per run, POSTing JSON to ``url``."""
+    """Factory for ``course_lib.measure.ladder.open_loop_runs``: a fresh ``httpx.AsyncClient`` per run, POSTing JSON to ``url``."""
     names = _field_names(fields)
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
 

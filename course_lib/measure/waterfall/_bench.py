@@ -1,12 +1,11 @@
 """Running the service waterfall: the servers, their in-process ceilings, the interleaved knees, k6 beside.
 
-``WATERFALL`` lists the steps from the prototype (Lesson 6's server, ``course_lib.serving.prototype``)
-to the production service (``course_lib.serving.production``), one lever each, plus the null endpoint
-of the production stack as the floor. :func:`run_waterfall` starts every server they need at once
+``WATERFALL`` (``course_lib.measure.waterfall._steps``) lists the steps from the prototype to the production
+service, one lever each, plus the floor. :func:`run_waterfall` starts every server they need at once
 (each on 127.0.0.1, bounded lifetime, stopped when it returns), measures the generator's own limit on
 a null server, warms every step up, reads each step's **in-process ceiling** from its ``Server-Timing``
 header (1000 / median server work per request in ms x worker processes: what the stages alone would
-allow), then climbs the ladder ``repeats`` times (:func:`course_lib.measure.waterfall.interleaved_climb`)
+allow), then climbs the ladder ``repeats`` times (``course_lib.measure.ladder.climb``)
 and, if asked, runs k6 beside the course generator at the same rates on one step
 (:func:`tool_comparison`). ``benchmarks/service_waterfall.py`` and Lesson 12's short run call it.
 
@@ -22,7 +21,7 @@ import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import httpx
 import numpy as np
@@ -31,88 +30,16 @@ import pandas as pd
 from course_lib.core.affinity import CoreSplit, pinned, sides
 from course_lib.core.checks import integer, positive_number
 from course_lib.measure.generators import GeneratorPool, generator_limit, serve_null
-from course_lib.measure.knee import step_row
+from course_lib.measure.ladder import SloRule, climb, geometric_ladder, knees, start_rungs, step_row
 from course_lib.measure.loadgen import MIN_REQUESTS_P99, rung_duration_s
 from course_lib.measure.server_probes import wait_idle
-from course_lib.measure.waterfall._climb import (
-    WaterfallStep,
-    geometric_ladder,
-    interleaved_climb,
-    knees,
-    lever_table,
-    start_rungs,
-)
+from course_lib.measure.waterfall._steps import SERVERS, WATERFALL, WaterfallStep, lever_table
 from course_lib.measure.waterfall._tools import tool_comparison
 from course_lib.serving.feature_store import FeatureStore
-from course_lib.serving.production import PRODUCTION, ProductionConfig, production_command
+from course_lib.serving.production import ProductionConfig, production_command
 from course_lib.serving.profiling import parse_server_timing
 from course_lib.serving.prototype import serve_churn
 from course_lib.serving.server import run_processes
-
-PROTOTYPE_STEP, PRODUCTION_STEP, FLOOR_STEP = "prototype", "production", "null endpoint (floor)"
-
-
-class _Common(TypedDict):
-    forward: str
-    workers: int
-
-
-_C: _Common = {"forward": "loop", "workers": 1}
-#: The production runtime with the prototype's pure-Python parser and loop (h11 + asyncio).
-_PY = PRODUCTION.server.replace(http="h11", loop="asyncio")
-#: The servers the steps run on: ``None`` is the prototype (``serve_churn``), else a production config.
-SERVERS: dict[str, ProductionConfig | None] = {
-    "prototype": None,
-    "native-thread": ProductionConfig(
-        runtime="xgboost", forward="thread", encoder="json", workers=1, server=_PY
-    ),
-    "onnx": ProductionConfig(encoder="json", server=_PY, **_C),
-    "onnx-thread": ProductionConfig(forward="thread", encoder="json", workers=1, server=_PY),
-    "onnx-c": ProductionConfig(encoder="json", **_C),
-    "onnx-c-orjson": ProductionConfig(**_C),
-    "production": PRODUCTION,
-}
-#: Prototype to production, one lever at a time, and the floor.
-WATERFALL: tuple[WaterfallStep, ...] = (
-    WaterfallStep(
-        PROTOTYPE_STEP, "prototype", "/score", None,
-        "Lesson 6's server: native model on the event loop, h11 + asyncio, json, one process",
-    ),
-    WaterfallStep(
-        "native, forward in a thread", "native-thread", "/score", PROTOTYPE_STEP,
-        "the native model call moved off the event loop into a worker thread",
-    ),
-    WaterfallStep(
-        "native, dynamic batching", "native-thread", "/predict", "native, forward in a thread",
-        "concurrent requests share one native call (batches of up to 64, 2 ms delay)",
-    ),
-    WaterfallStep(
-        "ONNX Runtime", "onnx", "/score", PROTOTYPE_STEP,
-        "ONNX Runtime forward, on the event loop (the production app, same stack)",
-    ),
-    WaterfallStep(
-        "ONNX, forward in a thread", "onnx-thread", "/score", "ONNX Runtime",
-        "the ONNX call moved off the event loop into a worker thread",
-    ),
-    WaterfallStep(
-        "+ httptools + uvloop", "onnx-c", "/score", "ONNX Runtime", "uvicorn's C parser and event loop",
-    ),
-    WaterfallStep(
-        "+ one orjson encode", "onnx-c-orjson", "/score", "+ httptools + uvloop",
-        "the answer encoded once with orjson instead of json",
-    ),
-    WaterfallStep(
-        PRODUCTION_STEP, "production", "/score", "+ one orjson encode", "one worker process per usable core",
-    ),
-    WaterfallStep(
-        "production, dynamic batching", "production", "/predict", PRODUCTION_STEP,
-        "ONNX calls through the dynamic batcher",
-    ),
-    WaterfallStep(
-        FLOOR_STEP, "production", "/null", PRODUCTION_STEP,
-        "constant JSON on the same stack and workers: no service work (the floor)",
-    ),
-)  # fmt: skip
 
 
 def in_process_ceiling(
@@ -165,7 +92,7 @@ class WaterfallRun:
 
 def _start_rungs(prescan: pd.DataFrame, ladder: Sequence[float], back: int) -> dict[str, float]:
     found = knees(prescan)
-    return start_rungs(dict(zip(found["step"], found["knee_rps"], strict=True)), ladder, back=back)
+    return start_rungs(dict(zip(found["target"], found["knee_rps"], strict=True)), ladder, back=back)
 
 
 def run_waterfall(
@@ -203,7 +130,7 @@ def run_waterfall(
     ladder_rps : rates to climb; default ``geometric_ladder(20, 12_000)``.
     start_rps : step -> first rung; default from a short pre-scan (a coarse climb of 200-request rungs),
         ``start_back`` rungs below the knee it found.
-    step_down : a step whose start rung misses tries the rungs below it (``interleaved_climb``); for
+    step_down : a step whose start rung misses tries the rungs below it (``course_lib.measure.ladder.climb``); for
         starts taken from a record of another machine or from the short pre-scan (the benchmark sets it:
         without it such a step's knee is 0).
     k6_step : a step to also measure with k6 beside the course generator (:func:`tool_comparison`).
@@ -220,108 +147,221 @@ def run_waterfall(
     n_repeats = integer("repeats", repeats, min=1)
     limit = positive_number("p99_limit_ms", p99_limit_ms)
     ladder = list(ladder_rps) if ladder_rps is not None else geometric_ladder(20, 12_000)
-    by_name = {s.name: s for s in steps}
-    needed = {s.server for s in steps}
     ids = FeatureStore.open().sample_ids(2048, seed=2024)
-    payloads = [{"customer_id": c} for c in ids]
-    server_cores, tool_cores = sides(pin)
     with contextlib.ExitStack() as stack:
-        with pinned(tool_cores):  # the generator processes inherit the tools' cores
-            pool = stack.enter_context(GeneratorPool(n_generators))
-        with contextlib.ExitStack() as null_server:
-            with pinned(server_cores):
-                null_url = null_server.enter_context(serve_null(lifetime_s=120))
-            gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
-        # every server inherits the server's cores (and counts its workers on them)
-        with pinned(server_cores):
-            commands, workers, described = {}, {}, {}
-            for k in needed:
-                cfg = servers[k]
-                workers[k] = 1 if cfg is None else cfg.n_workers
-                described[k] = (
-                    "prototype: course_lib.serving.prototype.serve_churn" if cfg is None else cfg.describe()
-                )
-                if cfg is not None:
-                    commands[k] = production_command(cfg.with_server(lifetime_s=lifetime_s))
-            urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
-            if "prototype" in needed:
-                urls["prototype"] = stack.enter_context(
-                    serve_churn(lifetime_s=lifetime_s, startup_timeout_s=300)
-                ).url
-        stack.enter_context(pinned(tool_cores))  # this process, and k6 started from it, on the tools' cores
-        stats = {k: httpx.get(urls[k] + "/stats", timeout=10).json() for k in commands}
-        ceilings = {}
-        for step in steps:
-            target = urls[step.server] + step.path
-            pool.run(target, payloads, rate_rps=50, duration_s=0.5)  # warm-up, not recorded
-            ceilings[step.name] = in_process_ceiling(target, payloads, workers=workers[step.server])
-
-        def settle(name: str) -> None:
-            wait_idle(urls[by_name[name].server], quick_ms=limit, timeout_s=10, strict=False)
-
-        def run_step(name: str, rate: float, *, n_min: int = min_requests, floor_s: float = min_duration_s):
-            s = by_name[name]
-            duration = rung_duration_s(rate, min_requests=n_min, min_duration_s=floor_s)
-            return pool.run(
-                urls[s.server] + s.path, payloads, rate_rps=rate, duration_s=duration, seed=int(rate * 7)
-            )
-
-        names = list(by_name)
+        pool, gen_limit, started = _start(
+            stack, {s.server for s in steps}, servers, lifetime_s=lifetime_s, pin=pin, n_generators=n_generators,
+            generator_rates_rps=generator_rates_rps,
+        )  # fmt: skip
+        payloads = [{"customer_id": c} for c in ids]
+        by_name = {s.name: s for s in steps}
+        bench = _Bench(pool, started.urls, ids, payloads, by_name, limit, min_requests, min_duration_s)
+        stats = {k: httpx.get(started.urls[k] + "/stats", timeout=10).json() for k in started.commands}
+        ceilings = {step.name: bench.ceiling(step, started.workers[step.server]) for step in steps}
         if start_rps is None:
-            coarse = ladder[::4]
-            prescan = interleaved_climb(
-                lambda n, r: run_step(n, r, n_min=200, floor_s=0.5), names, coarse,
-                p99_limit_ms=limit, min_requests=150, retries=0, settle=settle,
-            )  # fmt: skip
-            start_rps = _start_rungs(prescan, ladder, start_back)
-        runs = pd.concat(
+            start_rps = bench.prescan_starts(ladder, start_back)
+        runs = bench.climbs(ladder, start_rps, repeats=n_repeats, step_down=step_down, on_row=on_row)
+        found = knees(runs)
+        same_rate = bench.same_rate(same_rate_rps, same_rate_steps)
+        tools = bench.tools(k6_step, ladder, start_rps, repeats=n_repeats, on_row=on_row)
+    table = _waterfall_table(steps, found, ceilings, started.workers)
+    settings = {
+        "p99_limit_ms": limit, "repeats": n_repeats, "min_requests": int(min_requests), "ladder_rps": ladder,
+        "start_rps": dict(start_rps), **_generator_settings(gen_limit, generator_rates_rps, n_generators),
+        "servers": started.described,  # with the worker counts of the cores the servers ran on
+        "pinned": None if pin is None else pin.describe(),
+    }  # fmt: skip
+    stages = {name: c["stages_ms"] for name, c in ceilings.items()}
+    return WaterfallRun(table, runs, found, gen_limit, settings, tools, stats, stages, same_rate)
+
+
+def _generator_settings(limit_rps: float, rates_rps: Sequence[float], n_generators: int) -> dict[str, Any]:
+    """The generator's part of a run's settings: its limit on a null server, the rates it tried, its processes."""
+    return {
+        "generator_limit_rps": limit_rps,
+        "generator_lowest_rps": float(min(rates_rps)),
+        "generator_highest_rps": float(max(rates_rps)),
+        "n_generators": n_generators,
+    }
+
+
+def _start(
+    stack: contextlib.ExitStack,
+    needed: set[str],
+    servers: Mapping[str, ProductionConfig | None],
+    *,
+    lifetime_s: float,
+    pin: CoreSplit | None,
+    n_generators: int,
+    generator_rates_rps: Sequence[float],
+) -> tuple[GeneratorPool, float, _Started]:
+    """Start the generator processes, measure their limit on a null server, then start the servers.
+
+    The generators (and, after this, this process and k6) run on ``pin``'s tools cores, the servers on its
+    server cores; returns the pool, the generator's limit (requests/s) and the started servers.
+    """
+    server_cores, tool_cores = sides(pin)
+    with pinned(tool_cores):  # the generator processes inherit the tools' cores
+        pool = stack.enter_context(GeneratorPool(n_generators))
+    with contextlib.ExitStack() as null_server:
+        with pinned(server_cores):
+            null_url = null_server.enter_context(serve_null(lifetime_s=120))
+        gen_limit, _ = generator_limit(pool, null_url, generator_rates_rps, duration_s=1.0)
+    with pinned(server_cores):  # every server inherits the server's cores and counts its workers on them
+        started = _start_servers(stack, needed, servers, lifetime_s)
+    stack.enter_context(pinned(tool_cores))  # this process, and k6 started from it, on the tools' cores
+    return pool, gen_limit, started
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The servers running for a waterfall: ``urls``, ``workers`` and ``described`` by server key, and the
+    ``commands`` of the production ones (the prototype has none)."""
+
+    urls: dict[str, str]
+    workers: dict[str, int]
+    described: dict[str, str]
+    commands: dict[str, list[str]]
+
+
+def _start_servers(
+    stack: contextlib.ExitStack,
+    needed: set[str],
+    servers: Mapping[str, ProductionConfig | None],
+    lifetime_s: float,
+) -> _Started:
+    """Start every server ``needed`` (the production configs at once, the prototype beside them) on ``stack``."""
+    commands, workers, described = {}, {}, {}
+    for k in needed:
+        cfg = servers[k]
+        workers[k] = 1 if cfg is None else cfg.n_workers
+        described[k] = (
+            "prototype: course_lib.serving.prototype.serve_churn" if cfg is None else cfg.describe()
+        )
+        if cfg is not None:
+            commands[k] = production_command(cfg.with_server(lifetime_s=lifetime_s))
+    urls: dict[str, str] = dict(stack.enter_context(run_processes(commands, startup_timeout_s=300)))
+    if "prototype" in needed:
+        urls["prototype"] = stack.enter_context(serve_churn(lifetime_s=lifetime_s, startup_timeout_s=300)).url
+    return _Started(urls, workers, described, commands)
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """The generator and the running servers of one waterfall: how each step is run, settled and climbed."""
+
+    pool: GeneratorPool
+    urls: dict[str, str]
+    ids: list[str]
+    payloads: list[dict[str, str]]
+    by_name: dict[str, WaterfallStep]
+    limit_ms: float
+    min_requests: int
+    min_duration_s: float
+
+    def url(self, name: str) -> str:
+        step = self.by_name[name]
+        return self.urls[step.server] + step.path
+
+    def settle(self, name: str) -> None:
+        """Wait until the step's server has no backlog (or 10 s)."""
+        wait_idle(self.urls[self.by_name[name].server], quick_ms=self.limit_ms, timeout_s=10, strict=False)
+
+    def run_step(
+        self, name: str, rate: float, *, n_min: int | None = None, floor_s: float | None = None
+    ) -> Any:
+        """One open-loop run of a step at a rate, long enough for ``n_min`` requests (default ``min_requests``)."""
+        duration = rung_duration_s(
+            rate,
+            min_requests=self.min_requests if n_min is None else n_min,
+            min_duration_s=self.min_duration_s if floor_s is None else floor_s,
+        )
+        return self.pool.run(
+            self.url(name), self.payloads, rate_rps=rate, duration_s=duration, seed=int(rate * 7)
+        )
+
+    def ceiling(self, step: WaterfallStep, workers: int) -> dict[str, Any]:
+        """Warm the step up (not recorded) and read its in-process ceiling."""
+        self.pool.run(self.url(step.name), self.payloads, rate_rps=50, duration_s=0.5)
+        return in_process_ceiling(self.url(step.name), self.payloads, workers=workers)
+
+    def prescan_starts(self, ladder: Sequence[float], back: int) -> dict[str, float]:
+        """A coarse climb of 200-request rungs (every fourth rung), and each step's start ``back`` rungs below it."""
+        prescan = climb(
+            lambda n, r: self.run_step(n, r, n_min=200, floor_s=0.5), list(self.by_name), list(ladder)[::4],
+            rule=SloRule(self.limit_ms, min_requests=150), retries=0, settle=self.settle,
+        )  # fmt: skip
+        return _start_rungs(prescan, ladder, back)
+
+    def climbs(
+        self,
+        ladder: Sequence[float],
+        start_rps: Mapping[str, float],
+        *,
+        repeats: int,
+        step_down: bool,
+        on_row: Callable[[dict[str, Any]], None] | None,
+    ) -> pd.DataFrame:
+        """``repeats`` climbs of every step, taking turns (``course_lib.measure.ladder.climb``), one after the other."""
+        rule = SloRule(self.limit_ms, min_requests=self.min_requests)
+        return pd.concat(
             [
-                interleaved_climb(
-                    run_step,
-                    names,
-                    ladder,
-                    start_rps=start_rps,
-                    p99_limit_ms=limit,
-                    min_requests=min_requests,
-                    repeat=r,
-                    settle=settle,
-                    on_row=on_row,
-                    step_down=step_down,
-                )
-                for r in range(n_repeats)
+                climb(self.run_step, list(self.by_name), ladder, start_rps=start_rps, rule=rule, repeat=r,
+                      settle=self.settle, on_row=on_row, step_down=step_down)
+                for r in range(repeats)
             ],
             ignore_index=True,
-        )
-        found = knees(runs)
-        same_rate = pd.DataFrame()
-        if same_rate_rps is not None:
-            rows = []
-            for name in same_rate_steps or names:
-                settle(name)
-                row = step_row(run_step(name, float(same_rate_rps)), p99_limit_ms=limit)
-                keep = ("rate_rps", "sent", "p50_ms", "p99_ms", "error_rate", "lag_p99_ms")
-                rows.append({"step": name, **{k: row[k] for k in keep}})
-            same_rate = pd.DataFrame(rows).set_index("step")
-        tools = pd.DataFrame()
-        if k6_step is not None:
-            s = by_name[k6_step]
-            rungs = ladder[max(0, bisect.bisect_left(ladder, start_rps[k6_step]) - 3) :]
-            show = None if on_row is None else (lambda row: on_row({**row, "step": f"{k6_step} ({row['tool']})"}))  # fmt: skip
-            tools = tool_comparison(pool, urls[s.server] + s.path, ids, rungs, p99_limit_ms=limit,
-                                    min_requests=min_requests, repeats=n_repeats, settle=lambda: settle(k6_step),
-                                    on_row=show)  # fmt: skip
+        )  # fmt: skip
+
+    def same_rate(self, rate_rps: float | None, names: Sequence[str] | None) -> pd.DataFrame:
+        """Every step (or ``names``) once at one offered rate: ``sent``, ``p50_ms``, ``p99_ms``, ``error_rate``
+        (empty for no rate)."""
+        if rate_rps is None:
+            return pd.DataFrame()
+        rows = []
+        for name in names or list(self.by_name):
+            self.settle(name)
+            row = step_row(self.run_step(name, float(rate_rps)), p99_limit_ms=self.limit_ms)
+            keep = ("rate_rps", "sent", "p50_ms", "p99_ms", "error_rate", "lag_p99_ms")
+            rows.append({"step": name, **{k: row[k] for k in keep}})
+        return pd.DataFrame(rows).set_index("step")
+
+    def tools(
+        self,
+        name: str | None,
+        ladder: Sequence[float],
+        start_rps: Mapping[str, float],
+        *,
+        repeats: int,
+        on_row: Callable[[dict[str, Any]], None] | None,
+    ) -> pd.DataFrame:
+        """k6 beside the course generator on one step, from three rungs below its start (:func:`tool_comparison`;
+        empty for no step)."""
+        if name is None:
+            return pd.DataFrame()
+        rungs = list(ladder)[max(0, bisect.bisect_left(ladder, start_rps[name]) - 3) :]
+
+        def show(row: dict[str, Any]) -> None:
+            if on_row is not None:
+                on_row({**row, "target": f"{name} ({row['target']})"})
+
+        return tool_comparison(self.pool, self.url(name), self.ids, rungs, p99_limit_ms=self.limit_ms,
+                               min_requests=self.min_requests, repeats=repeats, settle=lambda: self.settle(name),
+                               on_row=None if on_row is None else show)  # fmt: skip
+
+
+def _waterfall_table(
+    steps: Sequence[WaterfallStep],
+    found: pd.DataFrame,
+    ceilings: Mapping[str, Mapping[str, Any]],
+    workers: Mapping[str, int],
+) -> pd.DataFrame:
+    """:func:`lever_table` with each step's ceiling, workers, server and path."""
+    by_name = {s.name: s for s in steps}
     table = lever_table(steps, found)
     for name, c in ceilings.items():
         table.loc[name, ["handle_ms", "ceiling_rps"]] = [c["handle_ms"], c["ceiling_rps"]]
         table.loc[name, "workers"] = workers[by_name[name].server]
         table.loc[name, "server"] = by_name[name].server
         table.loc[name, "path"] = by_name[name].path
-    settings = {
-        "p99_limit_ms": limit, "repeats": n_repeats, "min_requests": int(min_requests), "ladder_rps": ladder,
-        "start_rps": dict(start_rps), "generator_limit_rps": gen_limit, "generator_lowest_rps": float(min(generator_rates_rps)),
-        "generator_highest_rps": float(max(generator_rates_rps)), "n_generators": n_generators,
-        "servers": described,  # with the worker counts of the cores the servers ran on
-        "pinned": None if pin is None else pin.describe(),
-    }  # fmt: skip
-    stages = {name: c["stages_ms"] for name, c in ceilings.items()}
-    return WaterfallRun(table, runs, found, gen_limit, settings, tools, stats, stages, same_rate)
+    return table

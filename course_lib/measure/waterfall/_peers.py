@@ -6,7 +6,7 @@ change the course's pins), with this repository on ``PYTHONPATH`` so that every 
 ``ProductionService`` work (the request schema, the cached lookup, the feature check, the same ONNX
 Runtime session); :data:`PEERS` says how each is started and probed. The production server runs
 beside them from the course's own environment. One ladder is climbed with them taking turns
-(:func:`course_lib.measure.waterfall.interleaved_climb`), and each knee is compared with the
+(``course_lib.measure.ladder.climb``), and each knee is compared with the
 production service's with the interval the ladder and the repeats allow. :func:`save_peers` writes
 the record with every peer's version (or why it could not be installed); Lesson 12 reads it with
 :func:`load_peers`.

@@ -1,7 +1,7 @@
 """k6 beside the course generator on one service: the two open-loop tools taking turns, and whether they agree.
 
 :func:`tool_comparison` climbs a ladder of offered rates on one URL with the two tools taking turns at
-every rate, as :func:`course_lib.measure.waterfall.interleaved_climb` climbs the waterfall's steps: which
+every rate, as ``course_lib.measure.ladder.climb`` climbs the waterfall's steps: which
 tool goes first alternates from repeat to repeat (so drift of a shared machine and order hit both alike),
 a missed rate is tried once more (one descheduling should not end a climb), a tool leaves the climb after
 a rate it missed on every try, and the climb is repeated ``repeats`` times. :func:`tool_agreement` reads
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,9 +34,9 @@ from course_lib.core import checks
 from course_lib.core.checks import integer, positive_number
 from course_lib.core.percentiles import percentile
 from course_lib.measure.generators import GeneratorPool
-from course_lib.measure.knee import step_row
+from course_lib.measure.ladder import climb, knees, step_row
 from course_lib.measure.load_tools.k6 import run_k6
-from course_lib.measure.loadgen import MIN_REQUESTS_P99, SPIN_WINDOW_S, rung_duration_s
+from course_lib.measure.loadgen import MIN_REQUESTS_P99, SPIN_WINDOW_S, LoadResult, rung_duration_s
 from course_lib.measure.targets import WIRE_FIELD
 
 #: The two tools, in the order they take turns at repeat 0.
@@ -80,7 +81,8 @@ def tool_comparison(
     settle : callable, optional
         Run before every run (e.g. wait until the server has no backlog).
     on_row : callable row -> None, optional
-        Progress.
+        Progress: each run's row of the climb (``course_lib.measure.ladder.climb``: ``target`` is the tool,
+        ``met_slo`` the verdict).
     max_vus, pre_allocated_vus : k6's virtual users (``run_k6``).
     spin_s : float in [0, 1)
         The course generator's spin window before each send (``GeneratorPool.run``; 0: none, it sleeps on its
@@ -109,75 +111,104 @@ def tool_comparison(
     limit = positive_number("p99_limit_ms", p99_limit_ms)
     n_min = integer("min_requests", min_requests, min=1)
     n_repeats = integer("repeats", repeats, min=1)
-    tries = integer("retries", retries, min=0) + 1
-    rates = sorted(positive_number("ladder_rps", r) for r in checks.non_empty("ladder_rps", ladder_rps))
+    shift = integer("order_shift", order_shift, min=0) % len(TOOLS)
+    run = _tool_runs(
+        pool, url, ids, n_min=n_min, limit_ms=limit, vus=(pre_allocated_vus, max_vus), spin_s=spin_s
+    )
+    order = list(TOOLS[shift:] + TOOLS[:shift])  # repeat r starts r places later (climb rotates it)
+    climbs = [
+        climb(run, order, ladder_rps, rule=partial(_enough, n_min=n_min), retries=retries, repeat=repeat,
+              settle=None if settle is None else (lambda _: settle()), on_row=on_row)
+        for repeat in range(n_repeats)
+    ]  # fmt: skip
+    # the tools table keeps its own names: the recorded waterfall's meta.tools and spin_table read them
+    return pd.concat(climbs, ignore_index=True).rename(columns={"target": "tool", "met_slo": "met"})
+
+
+def _enough(row: dict[str, Any], *, n_min: int) -> dict[str, Any]:
+    """The per-rung rule of :func:`tool_comparison`: the tool's own verdict, and at least ``n_min`` sent."""
+    enough = row["sent"] >= n_min
+    return {**row, "enough_requests": enough, "met_slo": bool(row["met_slo"] and enough)}
+
+
+def _tool_runs(
+    pool: GeneratorPool,
+    url: str,
+    ids: Sequence[str],
+    *,
+    n_min: int,
+    limit_ms: float,
+    vus: tuple[int, int],
+    spin_s: float,
+) -> Callable[[str, float], dict[str, Any]]:
+    """``run(tool, rate)`` for :func:`tool_comparison`: one run of k6 or of the course generator, as a row.
+
+    Checks ``ids`` (non-empty), ``vus`` (pre-allocated >= 1, at most the maximum) and ``spin_s`` (in [0, 1)).
+    """
     checks.non_empty("ids", ids)
-    integer("max_vus", max_vus, min=integer("pre_allocated_vus", pre_allocated_vus, min=1))
+    integer("max_vus", vus[1], min=integer("pre_allocated_vus", vus[0], min=1))
     spin_s = checks.number("spin_s", spin_s, min=0, max=1, max_open=True, unit="s")
-    shift = integer("order_shift", order_shift, min=0)
     payloads = [{"customer_id": c} for c in ids]
-    rows: list[dict[str, Any]] = []
 
     def run(tool: str, rate: float) -> dict[str, Any]:
         duration = rung_duration_s(rate, min_requests=n_min)
         if tool == "k6":
-            r = run_k6(url, rate_rps=rate, duration_s=duration, ids=ids,
-                       pre_allocated_vus=pre_allocated_vus, max_vus=max_vus)  # fmt: skip
-            return {"sent": r.requests, "achieved_rps": r.achieved_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
-                    "p50_from_send_ms": r.p50_ms, "p50_wire_ms": r.p50_ms, "errors": r.failed_rate,
-                    "dropped": r.dropped_iterations, "lag_p99_ms": math.nan, "met": r.met_slo(limit)}  # fmt: skip
-        result = pool.run(
-            url,
-            payloads,
-            rate_rps=rate,
-            duration_s=duration,
-            seed=int(rate),
-            fields=(WIRE_FIELD,),
-            spin_s=spin_s,
-        )
-        s = step_row(result, p99_limit_ms=limit)
-        ok = result.requests[result.requests["ok"]]
-        from_send = (ok["latency_ms"] - ok["lag_ms"]).to_numpy()
-        return {"sent": s["sent"], "achieved_rps": s["achieved_rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"],
-                "p50_from_send_ms": percentile(from_send, 50) if len(from_send) else math.nan,
-                "p50_wire_ms": percentile(ok[WIRE_FIELD].to_numpy(), 50) if len(ok) else math.nan,
-                "errors": s["error_rate"], "dropped": 0, "lag_p99_ms": s["lag_p99_ms"],
-                "met": bool(s["met_slo"])}  # fmt: skip
+            r = run_k6(
+                url, rate_rps=rate, duration_s=duration, ids=ids, pre_allocated_vus=vus[0], max_vus=vus[1]
+            )
+            return _k6_row(r, limit_ms)
+        result = pool.run(url, payloads, rate_rps=rate, duration_s=duration, seed=int(rate), fields=(WIRE_FIELD,),
+                          spin_s=spin_s)  # fmt: skip
+        return _generator_row(result, limit_ms)
 
-    for repeat in range(n_repeats):
-        first = (repeat + shift) % 2
-        alive = list(TOOLS[first:] + TOOLS[:first])
-        for rate in rates:
-            for tool in list(alive):
-                for attempt in range(1, tries + 1):
-                    if settle is not None:
-                        settle()
-                    row = run(tool, rate)
-                    enough = row["sent"] >= n_min
-                    row = {"tool": tool, "repeat": repeat, "attempt": attempt, "rate_rps": rate, **row,
-                           "enough_requests": enough, "met": bool(row["met"] and enough)}  # fmt: skip
-                    rows.append(row)
-                    if on_row is not None:
-                        on_row(row)
-                    if row["met"]:
-                        break
-                else:
-                    alive.remove(tool)
-            if not alive:
-                break
-    return pd.DataFrame(rows)
+    return run
+
+
+def _k6_row(r: Any, limit_ms: float) -> dict[str, Any]:
+    """One k6 run as a row of :func:`tool_comparison` (its own definitions: from the actual send)."""
+    return {"sent": r.requests, "achieved_rps": r.achieved_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
+            "p50_from_send_ms": r.p50_ms, "p50_wire_ms": r.p50_ms, "errors": r.failed_rate,
+            "dropped": r.dropped_iterations, "lag_p99_ms": math.nan, "met_slo": r.met_slo(limit_ms)}  # fmt: skip
+
+
+def _generator_row(result: LoadResult, limit_ms: float) -> dict[str, Any]:
+    """One course-generator run as a row of :func:`tool_comparison` (p99 from the intended send time)."""
+    s = step_row(result, p99_limit_ms=limit_ms)
+    ok = result.requests[result.requests["ok"]]
+    from_send = (ok["latency_ms"] - ok["lag_ms"]).to_numpy()
+    return {"sent": s["sent"], "achieved_rps": s["achieved_rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"],
+            "p50_from_send_ms": percentile(from_send, 50) if len(from_send) else math.nan,
+            "p50_wire_ms": percentile(ok[WIRE_FIELD].to_numpy(), 50) if len(ok) else math.nan,
+            "errors": s["error_rate"], "dropped": 0, "lag_p99_ms": s["lag_p99_ms"],
+            "met_slo": bool(s["met_slo"])}  # fmt: skip
 
 
 def _rungs(tools: pd.DataFrame, p50_column: str) -> pd.DataFrame:
-    """One row per tool, repeat and rate: ``met`` (a try met) and the p50 of the try that met (NaN if none)."""
+    """One row per tool, repeat and rate: ``met`` (a try met) and the p50 of the try that met (NaN if none).
+
+    Raises ValueError if a column is missing, a tool has no row, or a repeat has rows of one tool only.
+    """
+    missing = {"tool", "rate_rps", "met", p50_column} - set(tools.columns)
+    if missing:
+        raise ValueError(f"tools is missing columns {sorted(missing)}")
+    for tool in TOOLS:
+        if not (tools["tool"] == tool).any():
+            raise ValueError(f"tools has no row for {tool!r}")
     t = tools.copy()
     if "repeat" not in t.columns:  # a record made before the repeats
         t["repeat"] = 0
     t["met"] = t["met"].astype(bool)
     t["p50"] = t[p50_column].where(t["met"])
-    return t.groupby(["tool", "repeat", "rate_rps"], as_index=False).agg(
+    rungs = t.groupby(["tool", "repeat", "rate_rps"], as_index=False).agg(
         met=("met", "any"), p50=("p50", "first")
     )
+    tools_by_repeat = rungs.groupby("repeat")["tool"].nunique()
+    if (tools_by_repeat < len(TOOLS)).any():
+        lone = [int(r) for r in tools_by_repeat.index[tools_by_repeat < len(TOOLS)]]
+        raise ValueError(
+            f"tools has repeats {lone} with rows of one tool only; each repeat needs both {TOOLS}"
+        )
+    return rungs
 
 
 def tool_agreement(
@@ -225,28 +256,9 @@ def tool_agreement(
     tol = positive_number("tolerance", tolerance)
     if tol >= 1:
         raise checks.InvalidArgumentError(f"tolerance must be below 1, got {tolerance!r}")
-    missing = {"tool", "rate_rps", "met", p50_column} - set(tools.columns)
-    if missing:
-        raise ValueError(f"tools is missing columns {sorted(missing)}")
-    for tool in TOOLS:
-        if not (tools["tool"] == tool).any():
-            raise ValueError(f"tools has no row for {tool!r}")
     rungs = _rungs(tools, p50_column)
-    tools_by_repeat = rungs.groupby("repeat")["tool"].nunique()
-    if (tools_by_repeat < len(TOOLS)).any():
-        lone = [int(r) for r in tools_by_repeat.index[tools_by_repeat < len(TOOLS)]]
-        raise ValueError(
-            f"tools has repeats {lone} with rows of one tool only; each repeat needs both {TOOLS}"
-        )
-    by_repeat: dict[str, list[float]] = {}
-    for tool in TOOLS:
-        by_repeat[tool] = []
-        for _, part in rungs[rungs["tool"] == tool].groupby("repeat"):
-            met = part.sort_values("rate_rps")["met"].to_numpy()
-            n_met = int(met.argmin()) if not met.all() else len(met)
-            by_repeat[tool].append(
-                float(part.sort_values("rate_rps")["rate_rps"].iloc[n_met - 1]) if n_met else 0.0
-            )
+    found = knees(rungs.rename(columns={"tool": "target", "met": "met_slo"}))  # by tool, then repeat
+    by_repeat = {tool: [float(k) for k in found.loc[found["target"] == tool, "knee_rps"]] for tool in TOOLS}
     knee = {tool: float(np.median(k)) for tool, k in by_repeat.items()}
     both = rungs.pivot_table(index=["repeat", "rate_rps"], columns="tool", values="p50", aggfunc="first")
     both = both.dropna() if set(TOOLS) <= set(both.columns) else both.iloc[0:0]
