@@ -165,16 +165,9 @@ def long_functions(package_root: Path, limit: int = MAX_FUNCTION_LINES) -> dict[
     return long
 
 
-#: Functions still over the limit while issue 51 splits them: the list only shrinks (a new long function fails,
-#: and a function split below the limit must leave the list).
-NOT_YET_SPLIT: frozenset[str] = frozenset({
-})  # fmt: skip
-
-
 def test_no_function_is_longer_than_the_limit():
-    assert set(long_functions(ROOT / "course_lib")) == NOT_YET_SPLIT, (
-        f"split each function over {MAX_FUNCTION_LINES} lines by meaning (named helpers, one idea each); "
-        "remove a split function from NOT_YET_SPLIT"
+    assert long_functions(ROOT / "course_lib") == {}, (
+        f"split each function over {MAX_FUNCTION_LINES} lines by meaning (named helpers, one idea each)"
     )
 
 
