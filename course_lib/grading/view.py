@@ -175,6 +175,26 @@ def _kernel_env(env: dict[str, str]) -> dict[str, str]:
     }
 
 
+def _check_limits(limits: dict[str, int], sizes: dict[str, int]) -> None:
+    """Raise ValueError for a resource limit below 0 (0: no limit) or an in-memory size below 1 byte."""
+    for name, value in limits.items():
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 (0: no limit), got {value}")
+    for path, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"the in-memory file system at {path} needs a size >= 1 byte, got {value}")
+
+
+def _python_installation() -> tuple[str, list[Path]]:
+    """This interpreter as an absolute path, and the folders of its installation and virtual environment.
+
+    The path has no "..": started as ../.venv/bin/python, the path as written would go through folders
+    the sandbox does not show.
+    """
+    python = os.path.abspath(sys.executable)
+    return python, [Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(python).parent]
+
+
 def kernel_view(
     kernel_cmd: list[str],
     *,
@@ -227,23 +247,10 @@ def kernel_view(
         "file_size_limit_bytes": file_size_limit_bytes,
         "max_processes": max_processes,
     }
-    for name, value in limits.items():
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0 (0: no limit), got {value}")
     sizes = {"/tmp": tmp_size_bytes, "/dev/shm": shm_size_bytes, cwd: cwd_size_bytes, IPC_DIR: ipc_size_bytes}
-    for path, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"the in-memory file system at {path} needs a size >= 1 byte, got {value}")
-    # the interpreter as an absolute path without "..": started as ../.venv/bin/python, the path as
-    # written would go through folders the sandbox does not show
-    python = os.path.abspath(sys.executable)
+    _check_limits(limits, sizes)
+    python, python_dirs = _python_installation()
     kernel_cmd = [python if part == sys.executable else part for part in kernel_cmd]
-    python_dirs = [
-        Path(sys.prefix),
-        Path(sys.base_prefix),
-        Path(sys.exec_prefix),
-        Path(python).parent,
-    ]
     symlinks = [(os.readlink(top), top) for top in TOP_FOLDERS if os.path.islink(top)]
     top_dirs = [Path(top) for top in TOP_FOLDERS if os.path.isdir(top) and not os.path.islink(top)]
     system = [Path(p) for p in ("/usr", "/opt", *ETC_FILES)]
