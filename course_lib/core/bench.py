@@ -373,10 +373,8 @@ def compare_latency_by_batch(
     warmup_calls: int = 5,
     confidence: float | None = None,
 ) -> dict[int, pd.DataFrame]:
-    """:func:`compare_latency` at each batch size in turn: batch size -> its table.
-
-    The candidates of one batch size are timed side by side (so their speed-ups are paired); different
-    batch sizes are timed in different runs, one after the other, in the order given.
+    """:func:`compare_latency` at each batch size in turn, in the order given: batch size -> its table
+    (one batch size's candidates are timed side by side, so paired; different batch sizes are not).
 
     Parameters
     ----------
@@ -387,8 +385,7 @@ def compare_latency_by_batch(
     n_calls : mapping of batch size -> timed calls per round, optional
         A batch size it does not name gets the harness's rule (:func:`calls_per_round`: about 1 s timed
         per candidate, 20 to 1,000 calls per round).
-    rounds, warmup_calls, confidence : as in :func:`compare_latency` (with ``confidence``, the speed-up's
-        interval columns are added).
+    rounds, warmup_calls, confidence : as in :func:`compare_latency` (``confidence`` adds interval columns).
 
     Returns
     -------
