@@ -11,6 +11,7 @@ from course_lib import env_report
 from course_lib.core.bench import (
     calls_per_round,
     compare_latency,
+    compare_latency_by_batch,
     interleaved_rounds_ns,
     time_calls_ns,
     usable_cores,
@@ -49,6 +50,23 @@ def test_compare_latency_reports_each_candidate_against_the_baseline():
     assert list(table.index) == ["a", "b"]
     assert table.loc["a", "speedup"] == pytest.approx(1.0)
     assert set(table.columns) == {"median_us", "p99_us", "us_per_item", "speedup"}
+
+
+def test_compare_latency_by_batch_times_each_batch_size_in_turn_with_its_calls():
+    calls: list[tuple[int, str]] = []
+    built: list[int] = []
+
+    def candidates_at(batch):
+        built.append(batch)
+        return {name: (lambda name=name: calls.append((batch, name))) for name in ("a", "b")}
+
+    tables = compare_latency_by_batch(candidates_at, [4, 1], n_calls={4: 3, 1: 5}, rounds=2, warmup_calls=1)
+    assert list(tables) == [4, 1] and built == [4, 1]  # built just before each is timed, in the order given
+    assert calls.count((4, "a")) == 1 + 2 * 3 and calls.count((1, "b")) == 1 + 2 * 5
+    assert all(b == 4 for b, _ in calls[: 2 * (1 + 2 * 3)])  # batch 4 done before batch 1 starts
+    table = tables[4]
+    assert list(table.index) == ["a", "b"]
+    assert table["us_per_item"].tolist() == pytest.approx((table["median_us"] / 4).tolist())
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from course_lib.grading import kernel_side
+import course_lib.grading as grading
+from course_lib.grading import gradebook, kernel_side
 from course_lib.grading.wire import (
     Code,
     MalformedAnswerError,
@@ -313,3 +316,19 @@ def test_a_check_that_trips_over_an_odd_value_is_a_wrong_answer_not_a_crash():
 
     result, _ = _verdict({"f": Answer(value=Opaque("x.Y"))}, check)
     assert not result.passed and result.reason == "f's table: wrong answer" and "TypeError" in result.detail
+
+
+def test_both_sides_tag_non_finite_floats_alike():
+    for value in (1.5, float("nan"), float("inf"), float("-inf")):
+        assert to_wire(value) == kernel_side.encode(value) == kernel_side.float_tag(value)
+    assert kernel_side.decode(to_wire((float("-inf"),))) == (float("-inf"),)
+
+
+def test_the_package_names_what_gradebook_exports_and_a_kernel_loads_neither_pandas_nor_nbgrader():
+    # the lazy facade must spell the names out (importing gradebook would load pandas into every kernel)
+    assert set(grading.__all__) == {*gradebook.__all__, "main"}
+    probe = (
+        "import sys, course_lib.grading.kernel_side; print(sorted({'pandas', 'nbgrader'} & set(sys.modules)))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

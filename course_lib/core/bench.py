@@ -15,15 +15,16 @@ in the course goes through :func:`interleaved_rounds_ns`:
 
 :func:`compare_latency` builds the usual table on it (median, p99 and speed-up over a baseline, and
 with ``confidence`` the interval of :mod:`course_lib.core.intervals` for the speed-up, from the rounds);
-``batch_cost.measure_call_ms``, ``throughput.measure_batch_latency``, ``runtime_tuning.tuning_table``
-and ``variants.variant_latency`` are built on it too. :func:`usable_cores` is the one core count.
+:func:`compare_latency_by_batch` runs it at each batch size in turn (``runtime_tuning.tuning_table`` and
+``variants.variant_latency``); ``batch_cost.measure_call_ms`` and ``throughput.measure_batch_latency`` are
+built on the rounds too. :func:`usable_cores` is the one core count.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Literal, TypeVar
 
 import numpy as np
@@ -44,6 +45,7 @@ from course_lib.core.percentiles import percentile
 __all__ = [
     "calls_per_round",
     "compare_latency",
+    "compare_latency_by_batch",
     "interleaved_rounds_ns",
     "p99_median_of_rounds_us",
     "round_order",
@@ -360,3 +362,48 @@ def compare_latency(
         table.attrs["intervals"] = intervals
     table.index.name = "candidate"
     return table
+
+
+def compare_latency_by_batch(
+    candidates_at: Callable[[int], Mapping[K, Callable[[], object]]],
+    batch_sizes: Iterable[int],
+    *,
+    n_calls: Mapping[int, int] | None = None,
+    rounds: int = 6,
+    warmup_calls: int = 5,
+    confidence: float | None = None,
+) -> dict[int, pd.DataFrame]:
+    """:func:`compare_latency` at each batch size in turn, in the order given: batch size -> its table
+    (one batch size's candidates are timed side by side, so paired; different batch sizes are not).
+
+    Parameters
+    ----------
+    candidates_at : callable, batch size -> dict of name -> zero-argument callable
+        Called once per batch size, just before it is timed; each callable scores one batch of that size.
+    batch_sizes : iterable of int
+        Batch sizes to time (also the ``items_per_call`` of each table's ``us_per_item``).
+    n_calls : mapping of batch size -> timed calls per round, optional
+        A batch size it does not name gets the harness's rule (:func:`calls_per_round`: about 1 s timed
+        per candidate, 20 to 1,000 calls per round).
+    rounds, warmup_calls, confidence : as in :func:`compare_latency` (``confidence`` adds interval columns).
+
+    Returns
+    -------
+    dict of batch size -> the :func:`compare_latency` table of that batch size's candidates.
+
+    Raises
+    ------
+    ValueError
+        As :func:`compare_latency`.
+    """
+    return {
+        batch: compare_latency(
+            candidates_at(batch),
+            n_calls=(n_calls or {}).get(batch),
+            rounds=rounds,
+            warmup_calls=warmup_calls,
+            items_per_call=batch,
+            confidence=confidence,
+        )
+        for batch in batch_sizes
+    }

@@ -31,9 +31,10 @@ import io
 import json
 import math
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MAX_ITEMS", "decode", "encode", "serve", "serve_async", "take"]
+__all__ = ["MAX_ITEMS", "decode", "encode", "float_tag", "serve", "serve_async", "take"]
 
 #: Most numbers, strings and containers in one answer; beyond it the answer is "too large".
 MAX_ITEMS = 500_000
@@ -48,7 +49,22 @@ def _modules():
     return sys.modules.get("numpy"), sys.modules.get("pandas")
 
 
-def _float(value: float) -> Any:
+def _charge(budget: list[int], items: int) -> None:
+    """Take ``items`` from an answer's budget (:data:`MAX_ITEMS` at the start); past it, too large."""
+    budget[0] -= items
+    if budget[0] < 0:
+        raise _TooLargeError
+
+
+def float_tag(value: float) -> Any:
+    """A float as the wire carries it: itself, or ``{"$float": "nan" | "inf" | "-inf"}`` (JSON has no
+    non-finite numbers). The grader's side (:func:`course_lib.grading.wire.to_wire`) uses it too.
+
+    Examples
+    --------
+    >>> float_tag(1.5), float_tag(float("-inf"))
+    (1.5, {'$float': '-inf'})
+    """
     if math.isnan(value):
         return {"$float": "nan"}
     if math.isinf(value):
@@ -70,16 +86,14 @@ def encode(value: Any, budget: list[int] | None = None) -> Any:
     {'$dict': [[1, [2]]]}
     """
     budget = [MAX_ITEMS] if budget is None else budget
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise _TooLargeError
+    _charge(budget, 1)
     kind = type(value)
     if value is None or kind in (bool, int, str):
         if kind is str:
             budget[0] -= len(value) // 64
         return value
     if kind is float:
-        return _float(value)
+        return float_tag(value)
     if kind in (list, tuple):
         items = [encode(item, budget) for item in value]
         return items if kind is list else {"$tuple": items}
@@ -89,17 +103,13 @@ def encode(value: Any, budget: list[int] | None = None) -> Any:
         return {"$dict": [[encode(key, budget), encode(item, budget)] for key, item in value.items()]}
     np, pd = _modules()
     if np is not None and kind is np.ndarray:
-        budget[0] -= value.size
-        if budget[0] < 0:
-            raise _TooLargeError
+        _charge(budget, value.size)
         data = [encode(item, budget) for item in value.ravel().tolist()]
         return {"$array": {"dtype": str(value.dtype), "shape": list(value.shape), "data": data}}
     if np is not None and isinstance(value, np.generic) and kind.__module__ == "numpy":
         return {"$scalar": {"dtype": str(value.dtype), "value": encode(value.item(), budget)}}
     if pd is not None and kind is pd.DataFrame:
-        budget[0] -= value.size
-        if budget[0] < 0:
-            raise _TooLargeError
+        _charge(budget, value.size)
         return {
             "$frame": {
                 "columns": [encode(_plain(c), budget) for c in value.columns],
@@ -111,9 +121,7 @@ def encode(value: Any, budget: list[int] | None = None) -> Any:
             }
         }
     if pd is not None and kind is pd.Series:
-        budget[0] -= value.size
-        if budget[0] < 0:
-            raise _TooLargeError
+        _charge(budget, value.size)
         return {
             "$series": {
                 "index": [encode(_plain(i), budget) for i in value.index],
@@ -248,6 +256,27 @@ def _keep(request: dict, answer: dict) -> None:
     _ANSWERS[request["nonce"]] = base64.b64encode(text.encode()).decode("ascii")
 
 
+@contextlib.contextmanager
+def _answering(request: dict) -> Iterator[list]:
+    """Run the ``with`` body with its output discarded and keep ``request``'s answer.
+
+    The body appends its result to the yielded list; the answer is ``{"ok": encode(result)}``, or
+    ``{"too_large": ...}``, or ``{"raised": ...}`` when the body raised (``KeyboardInterrupt``, the
+    grader's interrupt, propagates).
+    """
+    sink = io.StringIO()
+    results: list = []
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield results
+        answer: dict = {"ok": encode(results[0])}
+    except _TooLargeError:
+        answer = {"too_large": MAX_ITEMS}
+    except (Exception, SystemExit) as error:  # the student's exception is the answer
+        answer = {"raised": _raised(error)}
+    _keep(request, answer)
+
+
 def serve(request_text: str) -> None:
     """Run one request (JSON text) and keep its answer for :func:`take`; prints nothing.
 
@@ -257,22 +286,15 @@ def serve(request_text: str) -> None:
     sends requests into ``async`` functions through :func:`serve_async`.
     """
     request = json.loads(request_text)
-    sink = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            result = _run(request)
-            if inspect.isawaitable(result):
-                if inspect.iscoroutine(result):
-                    result.close()
-                raise TypeError("the call returned an awaitable (an async function)")
-            if isinstance(result, _ArgsAfter):
-                result = (result.result, result.args)
-        answer: dict = {"ok": encode(result)}
-    except _TooLargeError:
-        answer = {"too_large": MAX_ITEMS}
-    except (Exception, SystemExit) as error:  # the student's exception is the answer
-        answer = {"raised": _raised(error)}
-    _keep(request, answer)
+    with _answering(request) as results:
+        result = _run(request)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError("the call returned an awaitable (an async function)")
+        if isinstance(result, _ArgsAfter):
+            result = (result.result, result.args)
+        results.append(result)
 
 
 async def serve_async(request_text: str) -> None:
@@ -283,18 +305,11 @@ async def serve_async(request_text: str) -> None:
     the next ``await``); the grader then replaces the kernel.
     """
     request = json.loads(request_text)
-    sink = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            result = _run(request)
-            if inspect.isawaitable(result):
-                result = await result
-        answer: dict = {"ok": encode(result)}
-    except _TooLargeError:
-        answer = {"too_large": MAX_ITEMS}
-    except (Exception, SystemExit) as error:
-        answer = {"raised": _raised(error)}
-    _keep(request, answer)
+    with _answering(request) as results:
+        result = _run(request)
+        if inspect.isawaitable(result):
+            result = await result
+        results.append(result)
 
 
 def take(nonce: str) -> str:

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from course_lib.grading.kernel_side import float_tag
+
 __all__ = [
     "Answer",
     "Code",
@@ -118,14 +120,6 @@ class Records:
     rows: list
 
 
-def _float_tag(value: float) -> Any:
-    if math.isnan(value):
-        return {"$float": "nan"}
-    if math.isinf(value):
-        return {"$float": "inf" if value > 0 else "-inf"}
-    return value
-
-
 def to_wire(value: Any) -> Any:
     """The grader's argument as tagged JSON for :func:`course_lib.grading.kernel_side.decode`.
 
@@ -146,7 +140,7 @@ def to_wire(value: Any) -> Any:
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
-        return _float_tag(float(value))
+        return float_tag(float(value))
     if isinstance(value, Code):
         return {"$code": value.source}
     if isinstance(value, Records):

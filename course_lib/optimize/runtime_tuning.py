@@ -28,7 +28,7 @@ import collections
 import multiprocessing as mp
 import tempfile
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ import onnxruntime as ort
 import pandas as pd
 
 from course_lib.churn.export import make_session
-from course_lib.core.bench import compare_latency, round_order, time_calls_ns, usable_cores
+from course_lib.core.bench import compare_latency_by_batch, round_order, time_calls_ns, usable_cores
 from course_lib.core.checks import InvalidArgumentError, integer, non_empty, one_of
 from course_lib.core.intervals import RatioInterval, ratio_interval, ratio_interval_from_values
 from course_lib.core.percentiles import percentile
@@ -86,11 +86,8 @@ def tuning_table(
     levels : graph optimisation levels to try (see ``GRAPH_OPTIMIZATION_LEVELS``).
     intra_op_threads : intra-op thread counts to try, each >= 0 (0 = ONNX Runtime's default, one per
         physical core).
-    n_calls : mapping of batch size -> timed calls per round, optional
-        A batch size it does not name gets the harness's rule (:func:`course_lib.core.bench.calls_per_round`:
-        about 1 s timed per setting, 20 to 1,000 calls per round).
-    rounds, warmup_calls, confidence : as in ``course_lib.core.bench.compare_latency`` (with
-        ``confidence``, the speed-up's interval columns are added).
+    n_calls, rounds, warmup_calls, confidence : as in :func:`course_lib.core.bench.compare_latency_by_batch`
+        (each setting is a candidate).
 
     Returns
     -------
@@ -113,18 +110,21 @@ def tuning_table(
         for level in levels
         for threads in intra_op_threads
     }
+
+    def candidates_at(batch: int) -> dict[tuple[str, int], Callable[..., object]]:
+        feeds = feeds_by_batch[batch]
+        return {key: (lambda s=sess, f=dict(feeds): s.run(None, f)) for key, sess in sessions.items()}
+
+    tables = compare_latency_by_batch(
+        candidates_at,
+        feeds_by_batch,
+        n_calls=n_calls,
+        rounds=rounds,
+        warmup_calls=warmup_calls,
+        confidence=confidence,
+    )
     parts = []
-    for batch, feeds in feeds_by_batch.items():
-        calls = (n_calls or {}).get(batch)  # None: the harness's rule, course_lib.core.bench.calls_per_round
-        candidates = {key: (lambda s=sess, f=dict(feeds): s.run(None, f)) for key, sess in sessions.items()}
-        table = compare_latency(
-            candidates,
-            n_calls=calls,
-            rounds=rounds,
-            warmup_calls=warmup_calls,
-            items_per_call=batch,
-            confidence=confidence,
-        )
+    for batch, table in tables.items():
         rounds_ns.update({(batch, *key): ns for key, ns in table.attrs["rounds_ns"].items()})
         table.attrs = {}
         table.index = pd.MultiIndex.from_tuples(

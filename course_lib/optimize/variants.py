@@ -21,7 +21,7 @@ zero point of activations are calculated dynamically" per run).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict, Unpack, cast
 
@@ -31,7 +31,7 @@ import pandas as pd
 from course_lib.churn.export import PARITY_ATOL, OnnxChurnScorer, make_session
 from course_lib.churn.model import features
 from course_lib.churn.schema import NUMERIC_SCHEMA
-from course_lib.core.bench import compare_latency
+from course_lib.core.bench import compare_latency_by_batch
 from course_lib.core.checks import InvalidArgumentError, integer, integers, non_empty, one_of
 from course_lib.optimize.accuracy_budget import AccuracyBudget, budget_verdicts
 
@@ -98,10 +98,8 @@ def variant_latency(
     scorers : mapping of variant name -> OnnxChurnScorer; the first is the baseline of ``speedup``.
     X : DataFrame of feature rows, at least ``max(batch_sizes)`` of them; each batch is its first rows.
     batch_sizes : batch sizes to time.
-    n_calls : mapping of batch size -> timed calls per round, optional
-        A batch size it does not name gets the harness's rule (:func:`course_lib.core.bench.calls_per_round`:
-        about 1 s timed per variant, 20 to 1,000 calls per round).
-    rounds, warmup_calls, confidence : as in ``course_lib.core.bench.compare_latency``.
+    n_calls, rounds, warmup_calls, confidence : as in :func:`course_lib.core.bench.compare_latency_by_batch`
+        (each variant is a candidate).
 
     Returns
     -------
@@ -120,16 +118,24 @@ def variant_latency(
         raise InvalidArgumentError(f"X has {len(X)} rows; the largest batch size needs {max(batch_sizes)}")
     columns = {}
     intervals: dict[int, dict[str, object]] = {}
-    for batch in batch_sizes:
+
+    def candidates_at(batch: int) -> dict[str, Callable[..., object]]:
         rows = X.iloc[:batch]
-        candidates = {}
+        candidates: dict[str, Callable[..., object]] = {}
         for name, scorer in scorers.items():
             feeds = scorer.feeds(rows)
             candidates[name] = lambda s=scorer, f=feeds: s.run(f)
-        calls = (n_calls or {}).get(batch)  # None: the harness's rule, course_lib.core.bench.calls_per_round
-        table = compare_latency(
-            candidates, n_calls=calls, rounds=rounds, warmup_calls=warmup_calls, confidence=confidence
-        )
+        return candidates
+
+    tables = compare_latency_by_batch(
+        candidates_at,
+        batch_sizes,
+        n_calls=n_calls,
+        rounds=rounds,
+        warmup_calls=warmup_calls,
+        confidence=confidence,
+    )
+    for batch, table in tables.items():
         columns[f"median_us_b{batch}"] = table["median_us"]
         columns[f"speedup_b{batch}"] = table["speedup"]
         if confidence is not None:
