@@ -63,7 +63,7 @@ def test_the_command_line_round_trips_every_field(
     config = ServerConfig(
         max_batch_size=max_batch_size,
         max_queue_delay_ms=max_queue_delay_ms,
-        preferred_batch_sizes=preferred,
+        preferred_batch_sizes=[min(size, max_batch_size) for size in preferred],  # valid: <= max_batch_size
         dedup=dedup,
         run_in_thread=run_in_thread,
         lifetime_s=lifetime_s,
@@ -80,6 +80,15 @@ def test_the_command_line_round_trips_every_field(
         ({"header_timeout_s": True}, "header_timeout_s must be"),
         ({"max_connections": 0}, "max_connections must be an integer >= 1, got 0"),
         ({"max_queue_wait_s": -0.5}, "max_queue_wait_s must be"),
+        ({"max_batch_size": -1}, "max_batch_size must be an integer >= 1, got -1"),
+        ({"max_batch_size": "8"}, "max_batch_size must be an integer >= 1, got '8'"),
+        ({"max_queue_size": 0}, "max_queue_size must be an integer >= 1, got 0"),
+        ({"max_queue_delay_ms": -1.0}, "max_queue_delay_ms must be"),
+        (
+            {"preferred_batch_sizes": (128,)},
+            r"preferred_batch_sizes\[0\] must be an integer >= 1 and <= 64, got 128",
+        ),
+        ({"instances": 0}, "instances must be an integer >= 1, got 0"),
     ],
 )
 def test_limits_out_of_range_are_refused_with_their_name(changes, message):

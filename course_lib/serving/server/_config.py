@@ -64,7 +64,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-from course_lib.core.checks import InvalidArgumentError, integer, number, one_of
+from course_lib.core.checks import InvalidArgumentError, integer, integers, number, one_of
 from course_lib.core.vocabulary import EVENT_LOOPS, HTTP_PARSERS
 
 
@@ -116,6 +116,7 @@ class ServerConfig:
             integer(name, getattr(self, name), min=1)
         integer("open_files_limit", self.open_files_limit, min=0)
         number("max_queue_wait_s", self.max_queue_wait_s, min=0)
+        self._check_batcher()
         one_of("http", self.http, HTTP_PARSERS)
         one_of("loop", self.loop, EVENT_LOOPS)
         if self.open_files_limit and self.open_files_limit < self.files_needed:
@@ -127,6 +128,21 @@ class ServerConfig:
             raise InvalidArgumentError(
                 f"max_drain_bytes must be >= max_body_bytes ({self.max_body_bytes}), got {self.max_drain_bytes!r}"
             )
+
+    def _check_batcher(self) -> None:
+        """The batcher's knobs, checked here (as ``DynamicBatcher`` checks them) so that a bad value is refused
+        where the config is built, not later inside every server process that reads it."""
+        integer("max_batch_size", self.max_batch_size, min=1)
+        number("max_queue_delay_ms", self.max_queue_delay_ms, min=0)
+        integers(
+            "preferred_batch_sizes",
+            self.preferred_batch_sizes,
+            min=1,
+            max=self.max_batch_size,
+            allow_empty=True,
+        )
+        integer("max_queue_size", self.max_queue_size, min=1)
+        integer("instances", self.instances, min=1)
 
     @property
     def files_needed(self) -> int:

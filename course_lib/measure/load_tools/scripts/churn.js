@@ -22,7 +22,7 @@
 // scenario to the next when the two do not overlap in time. The summary carries the measured scenario's own
 // figures as submetrics (`http_req_duration{scenario:churn}` and the like): k6 exports a submetric only when
 // a threshold names it, so the thresholds below always pass.
-// Run by course_lib.measure.waterfall.run_k6 (it reads those submetrics).
+// Run by course_lib.measure.load_tools.run_k6 (it reads those submetrics).
 import http from 'k6/http';
 import exec from 'k6/execution';
 
