@@ -255,6 +255,20 @@ class WireClient:
                 return conn
             conn.abort()
             self._all.discard(conn)
+        made = await self._new_connection()
+        if made is None:
+            raise RuntimeError("the WireClient closed while this request was connecting")
+        self._all.add(made)
+        return made
+
+    async def _new_connection(self) -> _Connection | None:
+        """Connect to the server; None (the connection aborted) if the block was left meanwhile.
+
+        Raises
+        ------
+        ConnectionError
+            If the connection could not be made.
+        """
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(_Connection, self.host, self.port)
@@ -262,8 +276,7 @@ class WireClient:
             raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         if self._state != "open":  # the block was left while this connection was being made
             conn.abort()
-            raise RuntimeError("the WireClient closed while this request was connecting")
-        self._all.add(conn)
+            return None
         return conn
 
     async def open_connections(self, n: int) -> int:
@@ -297,16 +310,11 @@ class WireClient:
         missing = want - len(self._idle)
         if missing <= 0:
             return len(self._idle)
-        loop = asyncio.get_running_loop()
         self._warming = warming = asyncio.Event()
 
         async def one() -> None:
-            try:
-                _, conn = await loop.create_connection(_Connection, self.host, self.port)
-            except OSError as exc:
-                raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
-            if self._state != "open":  # the block was left while this connection was being made
-                conn.abort()
+            conn = await self._new_connection()
+            if conn is None:
                 return
             self._all.add(conn)
             self._idle.append(conn)
