@@ -33,6 +33,7 @@ __all__ = [
     "nearest_rank_position",
     "percentile",
     "percentiles",
+    "rank_from_slowest",
     "samples_needed",
 ]
 
@@ -91,6 +92,25 @@ def nearest_rank(n: int, q: float) -> int:
     (99, 1050, 1)
     """
     return _nearest_rank(_check_q(q), checks.integer("n", n, min=1))
+
+
+def rank_from_slowest(n: int, q: float) -> int:
+    """Which of ``n`` samples, counted from the slowest (1 = the slowest), is the nearest-rank q-th percentile.
+
+    ``n - nearest_rank(n, q) + 1``: how few slow answers a p99 rests on (of 1,000 requests, the 11th
+    slowest; of 150, the 2nd slowest).
+
+    Raises
+    ------
+    ValueError
+        As :func:`nearest_rank`.
+
+    Examples
+    --------
+    >>> rank_from_slowest(1000, 99), rank_from_slowest(150, 99), rank_from_slowest(10, 99)
+    (11, 2, 1)
+    """
+    return n - nearest_rank(n, q) + 1
 
 
 def percentile(samples: Iterable[float] | np.ndarray, q: float, method: Method = "nearest-rank") -> float:

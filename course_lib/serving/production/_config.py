@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from course_lib.core.bench import usable_cores
-from course_lib.core.checks import InvalidArgumentError, integer, one_of
+from course_lib.core.checks import instance_of, integer, one_of
 from course_lib.core.vocabulary import ANSWER_ENCODERS, SERVING_RUNTIMES
 from course_lib.serving.server import DEFAULTS, ServerConfig, to_argv
 
@@ -94,8 +94,7 @@ class ProductionConfig:
         one_of("encoder", self.encoder, ANSWER_ENCODERS)
         if self.workers is not None:
             integer("workers", self.workers, min=1)
-        if not isinstance(self.server, ServerConfig):
-            raise InvalidArgumentError(f"server must be a ServerConfig, got {self.server!r}")
+        instance_of("server", self.server, ServerConfig)
 
     @property
     def n_workers(self) -> int:
