@@ -213,8 +213,9 @@ def noisy_neighbour(
         for name, (nice, threads) in jobs.items():
             args = ["batch-job", "--model", str(model_path), "--rows", str(batch_rows)]
             procs[name] = _start_batch_job([*args, "--threads", threads, "--nice", nice])
-        for job in procs.values():
-            job.send_signal(signal.SIGSTOP)
+            # Paused at once: a running all-core job would starve the next one's start-up (at nice 19
+            # on a busy 2-core machine it did not start within 120 s).
+            procs[name].send_signal(signal.SIGSTOP)
         time_calls_ns(score_one, calls_per_block)  # warm-up, excluded
         for r in range(rounds):
             for name in round_order(list(samples), r):
