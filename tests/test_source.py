@@ -53,3 +53,8 @@ def test_a_class_is_shown_whole():
 def test_what_a_lesson_cannot_import_is_refused_by_name(obj, said):
     with pytest.raises(InvalidArgumentError, match=said):
         show_source(obj)
+
+
+def test_the_plain_text_view_is_the_code_not_the_fields():
+    view = show_source(nearest_rank)
+    assert repr(view) == str(view) and "code=" not in repr(view)

@@ -53,6 +53,9 @@ class SourceView:
     def __str__(self) -> str:
         return f"# {self.caption()}\n{self.code}"
 
+    def __repr__(self) -> str:  # a notebook's plain-text view: the code itself, not the fields
+        return str(self)
+
     def _repr_markdown_(self) -> str:
         return f"`{self.caption()}`\n\n```python\n{self.code}\n```"
 
