@@ -17,6 +17,7 @@ from course_lib.operate.canary import (
     canary_bucket,
     check_window,
     refresh_flips,
+    sticky_version,
 )
 from course_lib.operate.canary_day import hourly_metrics, simulate_canary_day
 
@@ -174,3 +175,17 @@ def test_simulated_day_rolls_back_a_model_miscalibrated_on_one_slice():
     assert (after["version"] == "v1").all()
     metrics = hourly_metrics(bad.requests)
     assert metrics.groupby("hour")["requests"].sum().eq(6000).all()
+
+
+@pytest.mark.parametrize("percent", [0, 0.5, 5, 12.5, 25, 50, 99, 100])
+def test_sticky_core_routes_every_customer_as_hash_router_does(percent):
+    router = HashRouter("v1", "v2", percent)
+    assert [sticky_version(c, percent) for c in IDS[:5000]] == [router.version_for(c) for c in IDS[:5000]]
+
+
+def test_sticky_core_by_hand():
+    """A customer whose bucket is b goes to v2 exactly when b < percent, on every call."""
+    bucket = canary_bucket("SC-0000123") / 100  # in [0, 100)
+    assert sticky_version("SC-0000123", bucket) == "v1"  # not below its own bucket
+    assert sticky_version("SC-0000123", bucket + 0.01) == "v2"
+    assert {sticky_version("SC-0000123", 25) for _ in range(10)} in ({"v1"}, {"v2"})

@@ -6,12 +6,15 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.operate.prom_quantile import (
     SLO_BUCKETS_S,
     SLO_P95_S,
     SOURCE004_BUCKETS_S,
     bucket_error_table,
+    bucket_quantile,
     cumulative_buckets,
     extrapolated_rate,
     histogram_quantile,
@@ -111,3 +114,33 @@ def test_non_monotonic_counts_are_forced_monotonic():
     # The 0.2 bucket (5) is below the 0.1 bucket (10): Prometheus treats it as 10, so the median
     # (rank 10) is the 0.1 bound; a binary search on the raw counts would land in the 0.4 bucket.
     assert histogram_quantile(0.5, [(0.1, 10), (0.2, 5), (0.4, 20), (INF, 20)]) == pytest.approx(0.1)
+
+
+def test_core_on_the_lesson_example_by_hand():
+    """le = 0.1, 0.2, +Inf with 50, 90, 100: p50 0.1, p75 0.1625, p90 0.2, p95 in +Inf -> 0.2."""
+    buckets = [(0.1, 50), (0.2, 90), (INF, 100)]
+    for q, expected in ((0.5, 0.1), (0.25, 0.05), (0.75, 0.1625), (0.9, 0.2), (0.95, 0.2)):
+        assert bucket_quantile(q, buckets) == pytest.approx(expected)
+        assert histogram_quantile(q, buckets) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("q", [0.2, 0.5, 0.8, 1.0])
+def test_core_matches_the_port_on_prometheus_own_positive_histograms(q):
+    for buckets in (POSITIVE, THIRD_POSITIVE[1:]):
+        assert bucket_quantile(q, buckets) == pytest.approx(histogram_quantile(q, buckets))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.001, 100.0), min_size=1, max_size=8, unique=True),
+    st.lists(st.integers(0, 50), min_size=9, max_size=9),
+    st.floats(0.001, 1.0),
+)
+def test_core_matches_the_port_on_sorted_cumulative_buckets(bounds, increments, q):
+    """On what a real histogram exports (sorted, cumulative, positive bounds) the core and the port agree."""
+    bounds = [*sorted(bounds), INF]
+    counts = np.cumsum(increments[: len(bounds)]).tolist()
+    if counts[-1] == 0:
+        counts[-1] = 1
+    buckets = list(zip(bounds, counts, strict=True))
+    assert bucket_quantile(q, buckets) == pytest.approx(histogram_quantile(q, buckets))

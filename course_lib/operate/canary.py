@@ -49,6 +49,7 @@ __all__ = [
     "canary_bucket",
     "check_window",
     "refresh_flips",
+    "sticky_version",
 ]
 
 #: Routing resolution: a percentage is honoured in steps of 0.01 %.
@@ -69,6 +70,35 @@ def canary_bucket(customer_id: str, *, salt: str = "canary") -> int:
     instance_of("customer_id", customer_id, str)
     digest = hashlib.sha256(f"{salt}:{customer_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % HASH_BUCKETS
+
+
+def sticky_version(customer_id: str, canary_percent: float, stable: str = "v1", canary: str = "v2") -> str:
+    """The version that scores a customer: the canary when the customer's fixed bucket is below the percent.
+
+    The core of :class:`HashRouter`: a hash of the customer id is a number in [0, 100) in steps of
+    0.01 that never changes, so the same customer gets the same version on every request, and raising
+    ``canary_percent`` only adds customers to the canary.
+
+    Parameters
+    ----------
+    customer_id : str
+    canary_percent : float
+        Share of customers on the canary, 0 to 100 (percent).
+    stable, canary : str
+        The version names.
+
+    Notes
+    -----
+    ``HashRouter`` adds over this: checked inputs, a per-rollout salt and a percentage it can move
+    (``set_percent``) during the ramp. A unit test checks both on the same customers and percents.
+
+    References
+    ----------
+    Google SRE Workbook, chapter 16 "Canarying Releases" (sticky assignment).
+    """
+    digest = hashlib.sha256(f"canary:{customer_id}".encode()).digest()
+    bucket = (int.from_bytes(digest[:8], "big") % 10_000) / 100  # fixed per customer, in [0, 100)
+    return canary if bucket < canary_percent else stable
 
 
 @dataclass

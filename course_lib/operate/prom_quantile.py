@@ -42,6 +42,7 @@ __all__ = [
     "SLO_P95_S",
     "SOURCE004_BUCKETS_S",
     "bucket_error_table",
+    "bucket_quantile",
     "cumulative_buckets",
     "extrapolated_rate",
     "histogram_quantile",
@@ -91,6 +92,46 @@ def _ensure_monotonic(buckets: list[list[float]]) -> None:
             running = b[1]
         elif b[1] < running:
             b[1] = running
+
+
+def bucket_quantile(q: float, buckets: Sequence[Bucket]) -> float:
+    """The q-quantile of a histogram by Prometheus's rule, without the edge cases (the core).
+
+    Parameters
+    ----------
+    q : float
+        The quantile, 0 < q <= 1 (0.95 for p95).
+    buckets : sequence of (le, cumulative_count)
+        Sorted by upper bound ``le``, cumulative counts, the last bound ``+inf``, at least one
+        observation.
+
+    Returns
+    -------
+    float
+        Find the first bucket whose cumulative count reaches the rank q x total, then interpolate
+        linearly between that bucket's lower and upper bound (the first bucket's lower bound is 0).
+        A rank in the +Inf bucket returns the largest finite bound.
+
+    Notes
+    -----
+    :func:`histogram_quantile` is the full port: it also sorts, merges duplicate bounds, repairs
+    non-monotonic counts, and returns NaN or +-inf where Prometheus does. Tests check both on the same
+    buckets.
+
+    References
+    ----------
+    Prometheus documentation, "Query functions: histogram_quantile()" and "Histograms and summaries";
+    ``bucketQuantile`` in ``promql/quantile.go``.
+    """
+    rank = q * buckets[-1][1]
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lower_le  # the rank is above every finite bound
+            return lower_le + (le - lower_le) * (rank - lower_count) / (count - lower_count)
+        lower_le, lower_count = le, count
+    return lower_le
 
 
 def histogram_quantile(q: float, buckets: Iterable[Bucket]) -> float:

@@ -167,6 +167,12 @@ class InProcessPredictionCache(PredictionCache):
 
     Notes
     -----
+    The core of this cache is :class:`course_lib.serving.cache.lru.VersionedLru` (an ``OrderedDict``
+    LRU, the same hits, misses and evictions on the same traces; a unit test checks it). Over the core
+    this adds: a time-to-live per entry (bounds how old a served score can be), an injectable clock
+    (expiry testable without waiting), a lock (safe under the HTTP server's threads), expiry counters in
+    ``stats()``, and input checks on keys and values (a wrong type fails loudly, not as a miss).
+
     One lock guards the cache and the counters: ``TTLCache`` is not thread-safe (a read reorders
     its LRU list), and the HTTP server, the tests and the batcher call it from several threads.
     An entry is valid while ``now < stored_at + ttl_s`` (cachetools' rule).
@@ -198,7 +204,12 @@ class InProcessPredictionCache(PredictionCache):
             self._sets += 1
 
     def keys_by_recency(self) -> list[PredictionKey]:
-        """Keys held now (not expired), least recently used first."""
+        """Keys held now (not expired), oldest *store* first: ``TTLCache`` iterates in expiry order.
+
+        A read does not move a key in this list (it does move it in the LRU order that decides
+        evictions), so compare it as a set; :class:`~course_lib.serving.cache.lru.VersionedLru` keeps
+        its entries in use order.
+        """
         with self._lock:
             return list(self._cache.keys())
 
