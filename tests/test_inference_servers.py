@@ -100,6 +100,7 @@ def test_triton_answers_with_the_course_scores(triton, customers):
     with httpx.Client() as client:
         got = triton_scores(client, triton.infer_url(), X)
     np.testing.assert_allclose(got, expected, atol=1e-5)  # float32 on both sides
+    assert triton.version().startswith("triton ")
 
 
 def _stats(server) -> tuple[int, int]:
@@ -146,6 +147,7 @@ def test_mlserver_answers_concurrent_requests_with_the_course_scores(mlserver, c
             rows = list(pool.map(lambda i: mlserver_scores(client, mlserver.infer_url(), encoded[[i]])[0],
                                  range(len(X))))  # fmt: skip
     np.testing.assert_allclose(rows, expected, atol=1e-5)
+    assert mlserver.version().startswith("mlserver ")
 
 
 def test_mlserver_refuses_a_bad_request(mlserver):

@@ -211,6 +211,11 @@ class InferenceServer:
         """``POST`` here to score: ``<url>/v2/models/<model>/infer``."""
         return f"{self.url}/v2/models/{self.model}/infer"
 
+    def version(self) -> str:
+        """The server's own name and version from ``GET /v2`` (e.g. ``"triton 2.51.0"``), for a record."""
+        meta = httpx.get(f"{self.url}/v2", timeout=10.0).json()
+        return f"{meta['name']} {meta['version']}"
+
     def stop(self) -> int:
         """Stop the server and its workers (the guard stops the whole group); the guard's exit code."""
         return self.child.stop(timeout_s=15.0)
