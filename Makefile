@@ -21,7 +21,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbva
 LAB_CONFIG ?= $(CURDIR)/config/student-jupyter
 
 .PHONY: help install kernel first-run lab html course test test-under-load unit nbval lint typecheck bench lock \
-        clean exercises system-deps lesson-map module-table
+        clean exercises system-deps serving-extras lesson-map module-table
 
 help:
 	@echo "Students"
@@ -47,6 +47,8 @@ help:
 	@echo "  make lesson-map    which lessons run which module; CHANGED=\"course_lib/x.py ...\" names the lessons to re-execute"
 	@echo "  make module-table  regenerate the README's module table from the docstrings and the lesson map"
 	@echo "  make lock          rewrite requirements.lock from the installed environment (after changing pyproject.toml)"
+	@echo "  make serving-extras  install Triton (tritonserver 2.51 from nvidia-pytriton) and MLServer 1.7 into .venv-serving"
+	@echo "                     (about 190 MB of wheels, 780 MB installed; make test runs it first)"
 	@echo "  make system-deps   install the Debian packages the real-component tests use (Redis, promtool, Chromium, bubblewrap)"
 	@echo "Instructors"
 	@echo "  make exercises     rebuild exercises/release and the grading fixtures"
@@ -77,6 +79,19 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Triton and MLServer in their own environment (their pins conflict with requirements.lock): every package
+# pinned in config/requirements-serving.txt, installed with --no-deps (see that file). Idempotent: a stamp
+# file, rebuilt only when the requirements change. course_lib.offline.inference_servers starts them.
+SERVING_VENV  := .venv-serving
+SERVING_STAMP := $(SERVING_VENV)/.installed-stamp
+$(SERVING_STAMP): config/requirements-serving.txt
+	test -x $(SERVING_VENV)/bin/python || $(PYTHON) -m venv $(SERVING_VENV)
+	@echo "Installing Triton and MLServer into $(SERVING_VENV): about 190 MB of wheels, about 780 MB once installed."
+	$(SERVING_VENV)/bin/python -m pip install --progress-bar on --no-deps -r config/requirements-serving.txt
+	touch $(SERVING_STAMP)
+
+serving-extras: $(SERVING_STAMP)
 
 # What the lessons would otherwise build on their first run: the course model (build/models, about 1 MB)
 # and Lesson 2's 1,000,000-customer feature store (build/feature_store, about 150 MB; 3 to 16 s on a
@@ -117,7 +132,7 @@ nbval: first-run
 # ruff check and ruff format --check cover the same paths, every lesson included.
 RUFF_PATHS := course_lib tests benchmarks loadtests notebooks
 
-test: first-run
+test: first-run serving-extras
 	$(BIN)/ruff check $(RUFF_PATHS)
 	$(BIN)/ruff format --check $(RUFF_PATHS)
 	$(MYPY)

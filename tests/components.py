@@ -61,6 +61,12 @@ def _sandbox(mechanism: str) -> Callable[[], str | None]:
     return reason
 
 
+def _serving_extras() -> str | None:
+    from course_lib.offline.inference_servers import serving_unavailable_reason
+
+    return serving_unavailable_reason()
+
+
 #: Component name -> a check that returns why it cannot be used here, or None when it can.
 COMPONENTS: dict[str, Callable[[], str | None]] = {
     "redis-server": _redis,
@@ -70,6 +76,7 @@ COMPONENTS: dict[str, Callable[[], str | None]] = {
     "bwrap": _sandbox("bwrap"),
     "unshare": _sandbox("unshare"),
     "grading sandbox": _sandbox("auto"),
+    "serving-extras": _serving_extras,
 }
 
 

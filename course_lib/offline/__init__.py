@@ -2,7 +2,8 @@
 
 The resumable, parallel batch job over a Parquet store (``python -m course_lib.offline``), its chunk
 pipeline (store, rows, scorers, compiled trees, chunk, workers), the same job on Dask, the model-only
-floor it is measured against, and a Triton model repository.
+floor it is measured against, a Triton model repository, and the churn model served on real Triton and
+MLServer (``inference_servers``).
 
 Imports only from the layers below.
 """
@@ -12,6 +13,7 @@ __all__ = [
     "compiled",
     "dask_job",
     "floor",
+    "inference_servers",
     "job",
     "rows",
     "scorers",
