@@ -10,6 +10,17 @@ This module is the scheduling (when a batch leaves, which instance scores it, sh
 its de-duplication is :mod:`course_lib.serving.batching._queue`, the results, errors and counters are
 :mod:`course_lib.serving.batching._results` (re-exported here).
 
+What it adds over the core
+--------------------------
+:class:`course_lib.serving.batching.core.CoreBatcher` (about 60 lines, read in Lesson 3) is the idea:
+a queue, Triton's rule, one model call in a thread, one future per caller.
+``tests/test_batching_core.py`` checks that both form the same batches and give the same answers on
+the same arrivals. This class adds what a server needs: preferred batch sizes and several model
+instances; admission control (a bounded queue that rejects at once); de-duplication of identical
+queued requests; cancellation (a caller that gives up frees its slot); per-request results (queue
+wait, batch size) and counters; errors routed to the callers of the failed batch; and a graceful,
+time-bounded shutdown. The decisions behind each follow.
+
 Design decisions
 ----------------
 * **Bounded queue, fail fast.** When ``max_queue_size`` requests are waiting, ``submit`` raises
