@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from course_lib.churn.model import labels
+from course_lib.churn.model import labels, metrics_by_slice
 from course_lib.optimize.accuracy_budget import (
     AccuracyBudget,
     auc_difference_ci,
     budget_verdicts,
     slice_auc_drops,
+    slices_over_budget,
 )
 
 
@@ -108,3 +109,35 @@ def test_auc_interval_with_a_single_class_raises_a_clear_value_error():
     p = np.linspace(0, 1, 50)
     with pytest.raises(ValueError, match="single class"):
         auc_difference_ci(y, p, p[::-1], n_boot=100)
+
+
+def test_the_core_on_the_lessons_hand_example():
+    reference = {"all": 0.84, "contract=Month-to-month": 0.76, "contract=Two year": 0.80}
+    candidate = {"all": 0.835, "contract=Month-to-month": 0.755, "contract=Two year": 0.77}
+    broken = slices_over_budget(reference, candidate, max_drop=0.01)
+    assert list(broken) == ["contract=Two year"] and broken["contract=Two year"] == pytest.approx(0.03)
+    assert slices_over_budget(reference, reference, max_drop=0.0) == {}
+
+
+def test_hardened_verdicts_agree_with_the_core_on_the_same_vectors(test_frame):
+    df, p = test_frame
+    rng = np.random.default_rng(1)
+    damaged = p.copy()
+    two_year = (df["contract"] == "Two year").to_numpy()
+    damaged[two_year] = rng.uniform(0, 1, two_year.sum())
+    candidates = {
+        "copy": p.copy(),
+        "noisy": np.clip(p + rng.normal(0, 0.01, len(p)), 0, 1),
+        "damaged": damaged,
+    }
+    loose_log_loss = AccuracyBudget(max_slice_auc_drop=0.01, max_log_loss_increase=10.0)
+    verdicts = budget_verdicts(df, p, candidates, loose_log_loss)
+    ref = metrics_by_slice(df, p)["roc_auc"].dropna()
+    for name, probs in candidates.items():
+        cand = metrics_by_slice(df, probs)["roc_auc"]
+        broken = slices_over_budget(ref.to_dict(), cand.to_dict(), max_drop=0.01)
+        assert bool(verdicts.loc[name, "passes"]) == (not broken), name
+        if broken:
+            worst = max(broken, key=broken.__getitem__)
+            assert "=".join(worst) == verdicts.loc[name, "worst_slice"]
+            assert broken[worst] == pytest.approx(verdicts.loc[name, "max_slice_auc_drop"])

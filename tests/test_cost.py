@@ -19,6 +19,7 @@ from course_lib.cost import (
     batch_job_cost,
     break_even_rps,
     compare_options,
+    core,
     cost_per_million,
     cost_per_million_at_full_use,
     cost_per_thousand,
@@ -490,3 +491,35 @@ def test_cost_names_carry_no_currency():
     assert {"batch_job_cost", "monthly_cost", "cost_per_million", "cost_per_thousand"} <= set(cost.__all__)
     for name in cost.__all__:
         assert "usd" not in name.lower(), name
+
+
+# The core (course_lib.cost.core) against the hardened functions, on the same vectors.
+_CORE_VECTORS = [  # (peak_rps, mean_rps, price_per_h, rps_per_replica, headroom, min_replicas)
+    (278, 278, 40, 50, 0.3, 2),
+    (278, 139, 250, 600, 0.3, 2),
+    (30, 15, 0.17, 67, 0.3, 2),
+    (1000, 400, 0.17, 113, 0.2, 1),
+    (90, 45, 0.5, 30, 0.0, 1),
+]
+
+
+@pytest.mark.parametrize(("peak", "mean", "price", "rps", "headroom", "floor"), _CORE_VECTORS)
+def test_core_replicas_and_cost_match_the_hardened_functions(peak, mean, price, rps, headroom, floor):
+    replicas = core.replicas_for_peak(peak, rps, headroom, floor)
+    assert replicas == replicas_needed(peak, rps, headroom=headroom, min_replicas=floor)
+    hardened = cost_per_million(monthly_cost(price, replicas), predictions_per_month(mean))
+    assert core.fleet_cost_per_million(price, replicas, mean) == pytest.approx(hardened, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("cheap", "big", "headroom", "floor"),
+    [((40, 50), (250, 600), 0.3, 2), ((40, 50), (250, 600), 0.3, 1), ((0.17, 67), (1.01, 600), 0.3, 2)],
+)
+def test_core_break_even_matches_break_even_rps(cheap, big, headroom, floor):
+    options = [
+        ServingOption(name, price, rps, None, "test", min_replicas=floor)
+        for name, (price, rps) in (("cheap", cheap), ("big", big))
+    ]
+    hardened = break_even_rps(*options, headroom=headroom)
+    small = core.break_even_peak_rps(cheap, big, headroom, floor, max_rps=5 * hardened.scanned_to_rps)
+    assert small == pytest.approx(hardened.stays_cheaper_above_rps)

@@ -179,6 +179,11 @@ def break_even_rps(
     ``slope = price x (1 + headroom) / (rps_per_replica x utilization)``), so near-ties caused by the
     steps are reported, not smoothed away.
 
+    The hardened form of :func:`course_lib.cost.core.break_even_peak_rps` (same answer on shared
+    vectors). It adds: exact fractions at the step edges, its own scan limit (no ``max_rps`` to
+    guess), every range on which B is cheaper, the smooth estimate, a target utilization, and a
+    refusal to compare two currencies.
+
     Parameters
     ----------
     option_a, option_b : ServingOption

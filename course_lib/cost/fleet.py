@@ -84,6 +84,10 @@ def replicas_needed(
     ``max(min_replicas, ceil(peak_rps x (1 + headroom) / (rps_per_replica x target_utilization)))``,
     computed exactly on the decimal inputs (an exact multiple never rounds up).
 
+    The hardened form of :func:`course_lib.cost.core.replicas_for_peak` (same answers on shared
+    vectors). It adds: exact decimal arithmetic (a float ``ceil`` can add a replica at an exact
+    multiple), a target utilization below 1, and checked inputs (a percentage such as 30 refused).
+
     Parameters
     ----------
     peak_rps : float > 0
