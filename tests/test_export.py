@@ -185,3 +185,27 @@ def test_a_pipeline_without_trees_gets_a_version_only_when_given(churn_model):
     assert METADATA_MODEL_VERSION not in keys
     tagged = pipeline_to_onnx(logistic, model_version="logistic-1")
     assert {p.key: p.value for p in tagged.metadata_props}[METADATA_MODEL_VERSION] == "logistic-1"
+
+
+def test_check_parity_agrees_with_its_core_on_the_lesson_vectors(churn_model, onnx_scorer, telco):
+    from course_lib.churn.export.parity import parity_gaps
+
+    def native(rows):
+        return churn_model.pipeline.predict_proba(rows)[:, 1]
+
+    for X in (features(churn_model.split.test), features(telco[telco["total_charges"].isna()])):
+        gaps = parity_gaps(native, onnx_scorer.predict_proba, X)
+        assert gaps.shape == (len(X),) and gaps.dtype == np.float64
+        report = check_parity(churn_model.pipeline, onnx_scorer, X)
+        assert report.max_abs_diff == float(gaps.max())
+        assert report.passed == bool(gaps.max() <= report.atol)
+
+
+def test_parity_core_on_a_hand_checkable_example():
+    from course_lib.churn.export.parity import parity_gaps
+
+    X = pd.DataFrame({"p": [0.1, 0.5, 0.9]})
+    gaps = parity_gaps(
+        lambda X: X["p"].to_numpy(), lambda X: X["p"].to_numpy() + np.array([0.0, 0.25, 0.0]), X
+    )
+    np.testing.assert_allclose(gaps, [0.0, 0.25, 0.0])

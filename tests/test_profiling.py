@@ -266,3 +266,70 @@ def test_a_stage_name_recorded_while_its_block_ran_is_refused_at_its_end():
     with pytest.raises(ValueError, match="already recorded"), timer:
         pass
     assert profile.stages_ms["lookup"] == first
+
+
+class WorkClock:
+    """A perf_counter_ns stand-in that stands still until a fake stage ``work``s (known costs)."""
+
+    def __init__(self):
+        self.now_ns = 0
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def work(self, cost_ns: int) -> None:
+        self.now_ns += cost_ns
+
+
+def test_time_stages_core_on_three_fake_stages_with_known_costs(monkeypatch):
+    from course_lib.serving.profiling import core
+
+    clock = WorkClock()
+    monkeypatch.setattr(core.time, "perf_counter_ns", clock)
+    costs_ns = {"parse": 1_000, "lookup": 3_000_000, "forward": 500_000}
+
+    def stage(name):
+        return lambda x: (clock.work(costs_ns[name]), [*x, name])[1]
+
+    answer, durations_ns = core.time_stages({n: stage(n) for n in costs_ns}, [])
+    assert answer == ["parse", "lookup", "forward"]
+    assert durations_ns == costs_ns and list(durations_ns) == list(costs_ns)
+
+
+def test_churn_service_stage_timing_agrees_with_the_core(monkeypatch):
+    """The hardened path (``handle_async`` with ``RequestProfile.stage``) against ``time_stages``."""
+    from course_lib.churn.data import clean_telco, load_telco
+    from course_lib.churn.model import features
+    from course_lib.serving.profiling import core
+    from course_lib.serving.service import STAGES, ChurnService
+
+    clock = WorkClock()
+    monkeypatch.setattr(core.time, "perf_counter_ns", clock)  # the same time module for both
+    record = {
+        k: (v.item() if hasattr(v, "item") else v)
+        for k, v in features(clean_telco(load_telco())).iloc[0].items()
+    }
+
+    def lookup(customer_id):
+        clock.work(3_000_000)
+        return dict(record)
+
+    def forward(records):
+        clock.work(500_000)
+        return [0.25 for _ in records]
+
+    service = ChurnService(lookup, forward, model_version="fake")
+    body = b'{"customer_id": "SC-0000042"}'
+    hardened = service.handle(body)
+    assert hardened.status_code == 200
+    core_stages = {
+        "parse": service.parse,
+        "lookup": lambda request: (request, service.lookup(request)),
+        "forward": lambda pair: (pair[0], service.forward([pair[1]])[0]),
+        "format": lambda pair: service.format(*pair),
+    }
+    answer, durations_ns = core.time_stages(core_stages, body)
+    assert answer == hardened.body
+    assert list(durations_ns) == list(hardened.profile.stages_ms) == list(STAGES[1:])
+    assert {n: ns / 1e6 for n, ns in durations_ns.items()} == hardened.profile.stages_ms
+    assert sum(durations_ns.values()) / 1e6 == hardened.profile.total_ms == 3.5

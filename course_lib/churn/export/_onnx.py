@@ -26,6 +26,7 @@ from sklearn.pipeline import Pipeline
 
 from course_lib.churn.data import CATEGORICAL_LEVELS, FEATURE_COLUMNS, TELCO_SHA256
 from course_lib.churn.export._metadata import METADATA_DATA_SHA256, METADATA_MODEL_VERSION, stamp_identity
+from course_lib.churn.export.parity import parity_gaps
 from course_lib.churn.schema import check_frame, check_records
 from course_lib.core.checks import instance_of, integer, non_empty, one_of, positive_number
 
@@ -330,6 +331,11 @@ def check_parity(
 ) -> ParityReport:
     """Compare native ``predict_proba`` with ONNX Runtime on every row of ``X``.
 
+    The core is :func:`course_lib.churn.export.parity.parity_gaps` (per-row ``|p_native - p_onnx|``);
+    this adds what a release check needs: ``X`` must be non-empty and ``atol`` a number >= 0, the rows
+    with a missing value are counted (they exercise the trees' default branches), and a failure raises
+    with the five worst rows and both probabilities, so the error is its own evidence.
+
     Parameters
     ----------
     pipeline : fitted sklearn Pipeline; scorer : OnnxChurnScorer; X : DataFrame of the 19 features.
@@ -350,13 +356,13 @@ def check_parity(
     """
     non_empty("X", X)
     atol = positive_number("atol", atol, allow_zero=True)
-    p_native = pipeline.predict_proba(X)[:, 1]
-    p_onnx = scorer.predict_proba(X).astype(np.float64)
-    diff = np.abs(p_native - p_onnx)
+    diff = parity_gaps(lambda rows: pipeline.predict_proba(rows)[:, 1], scorer.predict_proba, X)
     report = ParityReport(float(diff.max()), len(X), int(X.isna().any(axis=1).sum()), atol)
     if not report.passed:
         worst = np.argsort(-diff)[:5]
-        rows = X.iloc[worst].assign(p_native=p_native[worst], p_onnx=p_onnx[worst], abs_diff=diff[worst])
+        p_native = pipeline.predict_proba(X.iloc[worst])[:, 1]
+        p_onnx = scorer.predict_proba(X.iloc[worst]).astype(np.float64)
+        rows = X.iloc[worst].assign(p_native=p_native, p_onnx=p_onnx, abs_diff=diff[worst])
         raise ParityError(
             f"ONNX parity failed: max |p_native - p_onnx| = {report.max_abs_diff:.3g} > atol {atol:g} "
             f"on {int((diff > atol).sum())} of {len(X)} rows; worst rows:\n{rows.to_string()}",

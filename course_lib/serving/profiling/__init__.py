@@ -1,5 +1,6 @@
 """Per-request stage timing: stage timer, request profiles, the latency budget, the ``Server-Timing`` header.
 
+* ``core``: ``time_stages``, the stage timer's core (each stage timed with ``perf_counter_ns``);
 * ``_stages``: ``StageTimer``, ``RequestProfile``, ``LatencyBudget`` (p50/p95/p99 per stage, SLO flags),
   ``profile_requests``;
 * ``_rounds``: ``profile_in_rounds`` (several configurations side by side in interleaved, rotated

@@ -388,6 +388,14 @@ class ChurnService:
         forward : async callable, optional
             records -> probabilities, awaited in the ``forward`` stage (e.g. a dynamic batcher's
             submit). Default: ``self.forward`` called directly.
+
+        Notes
+        -----
+        The timing is :func:`course_lib.serving.profiling.core.time_stages` (read ``perf_counter_ns``
+        around each stage, keep the differences in order) plus what a server needs: the forward stage
+        may be awaited (a batcher), the record is checked against the schema inside ``forward``, a
+        refused request still answers with the stages that ran (a 4xx carries its ``Server-Timing``),
+        and ``RequestProfile`` holds the times in ms and refuses a stage timed twice.
         """
         profile = RequestProfile(request_id)
         try:
