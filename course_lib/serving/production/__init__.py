@@ -9,6 +9,8 @@
 * ``_workers``: ``python -m course_lib.serving.production``: one worker process per usable core on one
   listening socket;
 * ``_serve``: ``serve_production`` starts it from Python and yields its URL.
+* ``core`` (public): ``create_core_app``, the same service small (one app, one ONNX Runtime session, one
+  encode, N workers through ``run_processes``), the core the production app hardens.
 
 The prototype it replaces is ``course_lib.serving.prototype.serve_churn`` (native model on the event
 loop, pure-Python parser and loop, one process); ``course_lib.measure.waterfall`` measures one lever at

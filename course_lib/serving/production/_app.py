@@ -28,6 +28,22 @@ of this worker process (each worker counts its own requests; a scrape reaches on
 
 ``middleware`` wraps the app in Starlette middleware (e.g. a replica's seeded stalls, Lesson 7).
 
+Over its core, ``course_lib.serving.production.core.create_core_app`` (``/score`` and ``/healthz`` on one
+``ChurnService``, the model call on the event loop; the same scores and refusals on the same requests,
+``tests/test_production_core.py``), this app adds what a service under real traffic needs:
+
+* **where the model call runs** (``forward``, timed at build time): a costly call off the event loop, so
+  one slow call does not stall every other request;
+* **cancellation and deadlines**: a request whose client left or whose ``x-request-timeout-ms`` passed
+  is never scored (504), so abandoned work does not queue ahead of live requests;
+* **batching and admission control**: ``/predict`` through a bounded ``DynamicBatcher`` (identical
+  customers share a row), 503 + ``Retry-After`` when its queue is full, instead of an unbounded queue;
+* **observability**: ``/stats`` (counters, the door's outcomes, the batcher), ``/metrics``
+  (Prometheus), ``Server-Timing`` on every answer;
+* **the floor**: ``/null``, the same stack with no service work, for the load test;
+* **readiness across workers**: ``/healthz`` answers 503 until every worker has loaded the model, so a
+  load test never starts on a half-started server; no trailing-slash redirects built from ``Host``.
+
 References
 ----------
 FastAPI documentation, "Lifespan Events"; Starlette documentation, "Middleware". prometheus_client
