@@ -25,6 +25,7 @@ from course_lib.core.waiting import wait_until
 from course_lib.offline.chunk import ChunkTask, peak_rss_mib
 from course_lib.offline.job import (
     build_parquet_store,
+    chunk_scorer,
     interrupted_after,
     iter_store_chunks,
     recorded_plan,
@@ -52,17 +53,6 @@ AT = dt.datetime(2026, 11, 30, 8, 0, tzinfo=dt.UTC)
 def _parts(folder: Path, prefix: str = "part") -> pd.DataFrame:
     files = sorted(glob.glob(str(folder / f"{prefix}-*.parquet")))
     return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
-
-
-def _core_scorer(model):
-    """The core loop's ``score``: a chunk of the store in, ids and the pipeline's probabilities out."""
-
-    def score(chunk: pa.Table) -> pa.Table:
-        frame = chunk.to_pandas()
-        p = model.pipeline.predict_proba(frame[list(FEATURE_COLUMNS)])[:, 1]
-        return pa.table({ID_COLUMN: chunk[ID_COLUMN], "churn_probability": p})
-
-    return score
 
 
 def _pool_workers() -> list[psutil.Process]:
@@ -108,7 +98,7 @@ def test_the_resumable_core_crashed_and_resumed_equals_one_pass_and_the_job(chur
     """Lesson 11's vectors: 10 rows in chunks of 4, a crash after chunk 2, then the hardened job."""
     source = build_parquet_store(10, 0, folder=tmp_path, row_group_rows=4)
     table = pq.read_table(source)
-    score = _core_scorer(churn_model)
+    score = chunk_scorer(churn_model)
     assert score_resumable(table, tmp_path / "one", score, chunk_rows=4) == [0, 1, 2]
     with pytest.raises(InterruptedError):
         score_resumable(table, tmp_path / "crash", interrupted_after(score, 2), chunk_rows=4)
@@ -341,7 +331,7 @@ def test_dask_writes_the_single_process_files_and_resumes_its_folders(churn_mode
     assert (resumed.chunks_resumed, resumed.rows_read) == (2, 50_000)
     assert same_output(half, tmp_path / "single")
     assert (tmp_path / "dask" / "_SUCCESS").is_file()
-    score_resumable(pq.read_table(source), tmp_path / "core", _core_scorer(churn_model), chunk_rows=25_000)
+    score_resumable(pq.read_table(source), tmp_path / "core", chunk_scorer(churn_model), chunk_rows=25_000)
     core, dask = _parts(tmp_path / "core"), _parts(tmp_path / "dask")
     assert list(core[ID_COLUMN]) == list(dask[ID_COLUMN])
     assert np.array_equal(core["churn_probability"].to_numpy(), dask["churn_probability"].to_numpy())
