@@ -25,14 +25,12 @@ from course_lib.core.waiting import wait_until
 from course_lib.offline.chunk import ChunkTask, peak_rss_mib
 from course_lib.offline.job import (
     build_parquet_store,
-    chunk_scorer,
-    interrupted_after,
     iter_store_chunks,
     recorded_plan,
     same_output,
-    score_resumable,
     score_store,
 )
+from course_lib.offline.resumable import chunk_scorer, interrupted_after, score_resumable
 from course_lib.offline.scorers import ScorerSpec, scorer_spec
 from course_lib.offline.store import plan_chunks
 from course_lib.offline.triton_repository import (

@@ -1,6 +1,7 @@
 """Layer 5, offline (batch) scoring: the resumable batch job, its scorers, Dask, a Triton model repository.
 
-The resumable, parallel batch job over a Parquet store (``python -m course_lib.offline``), its chunk
+The resumable, parallel batch job over a Parquet store (``python -m course_lib.offline``) and its
+short core loop (``resumable``), its chunk
 pipeline (store, rows, scorers, compiled trees, chunk, workers), the same job on Dask, the model-only
 floor it is measured against, and a Triton model repository.
 
@@ -13,6 +14,7 @@ __all__ = [
     "dask_job",
     "floor",
     "job",
+    "resumable",
     "rows",
     "scorers",
     "store",

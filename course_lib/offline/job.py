@@ -20,6 +20,12 @@ scheduled Sunday batch job on a spot instance"), run for real:
   started (recorded in ``_job.json``), so a resumed job's files equal an uninterrupted run's.
   ``_SUCCESS`` (a JSON summary) is written last.
 
+Its core is :func:`course_lib.offline.resumable.score_resumable` (chunk, write atomically, skip what is
+done). Over it this module adds, and why: a store read by row group (a million rows need not fit in
+memory), worker processes (Python scores on one core per process), reject files (bad rows are counted,
+never silently dropped), ``_job.json`` (a resume with other settings is refused, and a resumed job's
+timestamp equals the first start's), leftovers of a killed run removed, and ``_SUCCESS`` written last.
+
 The output does not depend on how many processes scored it: every chunk is scored by the same code on
 the same input (tests check single-process, parallel and Dask outputs bit for bit). Memory is bounded
 by the chunk per process, not by the population.
@@ -41,19 +47,15 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from course_lib.churn.data import FEATURE_COLUMNS, ID_COLUMN
 from course_lib.core.bench import usable_cores
-from course_lib.core.checks import instance_of, integer, one_of
-from course_lib.core.files import atomic_path
+from course_lib.core.checks import integer, one_of
 from course_lib.core.vocabulary import BATCH_RUNTIMES
 from course_lib.offline.chunk import STAGES, ChunkResult, ChunkTask, peak_rss_mib, reset_peak_rss
 from course_lib.offline.scorers import choose_runtime, make_scorer, row_problems, scorer_spec
@@ -76,118 +78,18 @@ __all__ = [
     "JobSummary",
     "build_parquet_store",
     "choose_runtime",
-    "chunk_scorer",
     "claim_output_dir",
     "default_workers",
-    "interrupted_after",
     "iter_store_chunks",
     "make_scorer",
     "recorded_plan",
     "row_problems",
     "same_output",
-    "score_resumable",
     "score_store",
 ]
 
 #: Source lesson 000: 1,000,000 records in 12 minutes.
 SOURCE000_ROWS_PER_S = 1_000_000 / (12 * 60)
-
-
-def score_resumable(
-    table: pa.Table, out_dir: str | Path, score: Callable[[pa.Table], pa.Table], *, chunk_rows: int
-) -> list[int]:
-    """The batch job's core: score ``table`` in chunks, each written atomically, resumable after a crash.
-
-    Chunk ``i`` is rows ``[i x chunk_rows, (i + 1) x chunk_rows)``. For each chunk not done yet, call
-    ``score`` on it and write what it returns to ``part-<i>.parquet`` under a temporary name, renamed
-    into place only once complete (:func:`course_lib.core.files.atomic_path`): the part file is the
-    record that the chunk is done. A call that raises part-way leaves the finished parts; the next call
-    skips them and scores only the rest, so crash + resume gives the same files as one pass.
-    :func:`score_store` is this loop hardened (see its docstring).
-
-    Parameters
-    ----------
-    table : pyarrow.Table
-        The rows to score, in order.
-    out_dir : str or path
-        Created if missing; holds ``part-00000.parquet``, ``part-00001.parquet``, ...
-    score : callable
-        ``pyarrow.Table -> pyarrow.Table``, one chunk in, its output rows out.
-    chunk_rows : int >= 1
-
-    Returns
-    -------
-    list of int
-        The chunks this call scored (the others were already done).
-
-    Raises
-    ------
-    course_lib.core.checks.InvalidArgumentError
-        For ``chunk_rows`` < 1 or a ``table`` that is not a ``pyarrow.Table``; whatever ``score`` raises.
-
-    References
-    ----------
-    POSIX ``rename(2)`` (atomic within a file system); source lesson 000, architecture 4 (a batch job on
-    spot instances that can be taken back, so it must resume).
-    """
-    instance_of("table", table, pa.Table)
-    chunk_rows = integer("chunk_rows", chunk_rows, min=1)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    scored = []
-    for index, start in enumerate(range(0, table.num_rows, chunk_rows)):
-        part = out / f"part-{index:05d}.parquet"
-        if part.exists():  # done by an earlier run
-            continue
-        result = score(table.slice(start, chunk_rows))
-        with atomic_path(part) as tmp:  # written under a temporary name, renamed when complete
-            pq.write_table(result, tmp)
-        scored.append(index)
-    return scored
-
-
-def chunk_scorer(model: ChurnModel) -> Callable[[pa.Table], pa.Table]:
-    """A ``score`` for :func:`score_resumable`: a chunk of customers in, ids and churn probabilities out.
-
-    Runs the model's scikit-learn pipeline on the chunk (its ``predict_proba``); the hardened job's
-    runtimes give the same probabilities bit for bit (tested). The chunk needs ``customer_id`` and the
-    feature columns.
-    """
-
-    def score(chunk: pa.Table) -> pa.Table:
-        p = model.pipeline.predict_proba(chunk.to_pandas()[list(FEATURE_COLUMNS)])[:, 1]
-        return pa.table({ID_COLUMN: chunk[ID_COLUMN], "churn_probability": pa.array(p, pa.float64())})
-
-    return score
-
-
-def interrupted_after(score: Callable[[pa.Table], pa.Table], calls: int) -> Callable[[pa.Table], pa.Table]:
-    """``score`` that raises ``InterruptedError`` on call number ``calls + 1``: a crash to resume from.
-
-    Stands in for a spot instance taken back mid-job in Lesson 11's demonstration of
-    :func:`score_resumable`. Raises :class:`~course_lib.core.checks.InvalidArgumentError` for
-    ``calls`` < 0.
-
-    Examples
-    --------
-    >>> twice = interrupted_after(lambda t: t, 2)
-    >>> twice(1), twice(2)
-    (1, 2)
-    >>> twice(3)
-    Traceback (most recent call last):
-    ...
-    InterruptedError: interrupted after 2 chunks
-    """
-    calls = integer("calls", calls, min=0)
-    done = [0]
-
-    def wrapped(chunk: pa.Table) -> pa.Table:
-        if done[0] == calls:
-            raise InterruptedError(f"interrupted after {calls} chunks")
-        done[0] += 1
-        return score(chunk)
-
-    return wrapped
 
 
 @dataclass(frozen=True)
@@ -353,13 +255,7 @@ def score_store(
 ) -> JobSummary:
     """Run the batch job: every chunk of ``source`` scored into ``out_dir`` (see the module docstring).
 
-    The hardened form of :func:`score_resumable` (same loop: skip the chunks whose part exists, write
-    each part atomically; a test checks both give the same scores). It adds: chunks read from a store
-    by row group instead of held in memory; several processes taking chunks from one queue; rows
-    outside the schema written to a reject file with their reason (renamed before the part, so the
-    part still means "done"); a folder claimed with its settings and timestamp (``_job.json``) so a
-    resume with other settings is refused and resumed files equal an uninterrupted run's; leftovers of
-    a killed run removed; ``_SUCCESS`` written last; per-stage times and peak memory reported.
+    :func:`course_lib.offline.resumable.score_resumable` hardened (the module docstring says how).
 
     Parameters
     ----------
