@@ -30,6 +30,7 @@ from course_lib.offline.job import (
     same_output,
     score_store,
 )
+from course_lib.offline.resumable import chunk_scorer, interrupted_after, score_resumable
 from course_lib.offline.scorers import ScorerSpec, scorer_spec
 from course_lib.offline.store import plan_chunks
 from course_lib.offline.triton_repository import (
@@ -89,6 +90,27 @@ def test_chunked_scores_equal_one_shot_scores(store, churn_model, tmp_path):
     assert set(got["model_version"]) == {churn_model.model_version}
     assert set(summary.stage_s) == {"read", "check", "encode", "model", "write"}
     assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["rows_scored"] == 20_000
+
+
+def test_the_resumable_core_crashed_and_resumed_equals_one_pass_and_the_job(churn_model, tmp_path):
+    """Lesson 11's vectors: 10 rows in chunks of 4, a crash after chunk 2, then the hardened job."""
+    source = build_parquet_store(10, 0, folder=tmp_path, row_group_rows=4)
+    table = pq.read_table(source)
+    score = chunk_scorer(churn_model)
+    assert score_resumable(table, tmp_path / "one", score, chunk_rows=4) == [0, 1, 2]
+    with pytest.raises(InterruptedError):
+        score_resumable(table, tmp_path / "crash", interrupted_after(score, 2), chunk_rows=4)
+    assert sorted(p.name for p in (tmp_path / "crash").iterdir()) == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+    ]
+    assert score_resumable(table, tmp_path / "crash", score, chunk_rows=4) == [2]
+    one, resumed = _parts(tmp_path / "one"), _parts(tmp_path / "crash")
+    pd.testing.assert_frame_equal(one, resumed)
+    score_store(source, tmp_path / "job", churn_model, chunk_rows=4, workers=1, progress=False)
+    job = _parts(tmp_path / "job")
+    assert list(job[ID_COLUMN]) == list(one[ID_COLUMN])
+    assert np.array_equal(job["churn_probability"].to_numpy(), one["churn_probability"].to_numpy())
 
 
 def test_parquet_store_matches_the_sqlite_store_population(tmp_path):
@@ -307,6 +329,10 @@ def test_dask_writes_the_single_process_files_and_resumes_its_folders(churn_mode
     assert (resumed.chunks_resumed, resumed.rows_read) == (2, 50_000)
     assert same_output(half, tmp_path / "single")
     assert (tmp_path / "dask" / "_SUCCESS").is_file()
+    score_resumable(pq.read_table(source), tmp_path / "core", chunk_scorer(churn_model), chunk_rows=25_000)
+    core, dask = _parts(tmp_path / "core"), _parts(tmp_path / "dask")
+    assert list(core[ID_COLUMN]) == list(dask[ID_COLUMN])
+    assert np.array_equal(core["churn_probability"].to_numpy(), dask["churn_probability"].to_numpy())
 
 
 def test_dask_runs_twice_on_one_client_and_refuses_a_foreign_folder(churn_model, tmp_path):

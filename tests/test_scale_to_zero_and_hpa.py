@@ -9,7 +9,14 @@ import pytest
 import yaml
 
 from course_lib.operate.hpa_manifest import SOURCE004_HPA_FIELDS, hpa_manifest, to_yaml, validate_hpa
-from course_lib.simulate.hpa import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, ScalingPolicy, ScalingRules
+from course_lib.simulate.hpa import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    HPA,
+    ScalingPolicy,
+    ScalingRules,
+    hpa_step,
+)
 from course_lib.simulate.scale_to_zero import scale_to_zero
 from course_lib.simulate.traffic import poisson_arrival_times_s
 
@@ -146,3 +153,22 @@ def test_quantities_with_suffixes_are_accepted():
 def test_manifest_writer_refuses_bad_replica_bounds():
     with pytest.raises(ValueError, match="min_replicas"):
         _manifest(min_replicas=0, max_replicas=-1)
+
+
+def test_the_hpa_core_gives_the_controllers_replicas_where_no_rate_limit_binds():
+    """Lesson 10's vectors: the core step and the hardened controller agree, sync by sync."""
+    assert hpa_step(4, 90, 60, min_replicas=2, max_replicas=12) == (6, 6)  # the lesson's hand example
+    assert hpa_step(4, 64, 60, min_replicas=2, max_replicas=12) == (4, 4)  # inside the 10 % tolerance
+    assert hpa_step(10, 90, 60, min_replicas=2, max_replicas=12)[0] == 12  # clamped to max
+    free_up = ScalingRules(0, (ScalingPolicy("Pods", 1000, 15),))
+    down = ScalingRules(300, (ScalingPolicy("Percent", 100, 15),))
+    hpa = HPA(2, 12, [60.0], free_up, down)
+    cpu = [90, 90, 30, 20, 20, 95, 61, 10] + [10] * 25 + [100, 5]
+    current, recs = 4, []
+    for k, m in enumerate(cpu):
+        now = 15.0 * (k + 1)
+        window = [r for t, r in recs if t > now - down.stabilization_window_s]
+        core, raw = hpa_step(current, m, 60, min_replicas=2, max_replicas=12, window_recommendations=window)
+        recs.append((now, raw))
+        assert hpa.step(now, current, [m]) == core, f"sync {k}: metric {m}"
+        current = core

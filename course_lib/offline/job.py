@@ -20,6 +20,12 @@ scheduled Sunday batch job on a spot instance"), run for real:
   started (recorded in ``_job.json``), so a resumed job's files equal an uninterrupted run's.
   ``_SUCCESS`` (a JSON summary) is written last.
 
+Its core is :func:`course_lib.offline.resumable.score_resumable` (chunk, write atomically, skip what is
+done). Over it this module adds, and why: a store read by row group (a million rows need not fit in
+memory), worker processes (Python scores on one core per process), reject files (bad rows are counted,
+never silently dropped), ``_job.json`` (a resume with other settings is refused, and a resumed job's
+timestamp equals the first start's), leftovers of a killed run removed, and ``_SUCCESS`` written last.
+
 The output does not depend on how many processes scored it: every chunk is scored by the same code on
 the same input (tests check single-process, parallel and Dask outputs bit for bit). Memory is bounded
 by the chunk per process, not by the population.
@@ -248,6 +254,8 @@ def score_store(
     progress: bool = True,
 ) -> JobSummary:
     """Run the batch job: every chunk of ``source`` scored into ``out_dir`` (see the module docstring).
+
+    :func:`course_lib.offline.resumable.score_resumable` hardened (the module docstring says how).
 
     Parameters
     ----------

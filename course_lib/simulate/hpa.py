@@ -52,6 +52,7 @@ __all__ = [
     "ScalingRules",
     "check_replica_bounds",
     "desired_replicas",
+    "hpa_step",
 ]
 
 #: ``--horizontal-pod-autoscaler-tolerance``: changes within 10 % of the target are ignored.
@@ -178,9 +179,74 @@ def desired_replicas(
     return math.ceil(round(ratio * current_replicas, 9))
 
 
+def hpa_step(
+    current_replicas: int,
+    metric: float,
+    target: float,
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    window_recommendations: Sequence[int] = (),
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> tuple[int, int]:
+    """One HPA sync period, the core: proportional rule, tolerance, scale-down window, min/max.
+
+    The mechanism :class:`HPA` hardens, for one metric: the raw recommendation is
+    :func:`desired_replicas` (``ceil(current x metric / target)``, unchanged inside the tolerance); a
+    scale-down goes only as far as the **highest** recommendation of the scale-down stabilization
+    window (``window_recommendations``: the raw recommendations of the last 300 s by default, this one
+    excluded), never above ``current_replicas``; the result is clamped to ``[min_replicas, max_replicas]``.
+
+    Parameters
+    ----------
+    current_replicas : int >= 1
+    metric, target : float
+        The metric per replica and its target, same unit (e.g. % CPU).
+    min_replicas, max_replicas : int
+        ``1 <= min_replicas <= max_replicas``.
+    window_recommendations : sequence of int
+        Earlier raw recommendations still inside the scale-down window.
+    tolerance : float, default 0.1
+
+    Returns
+    -------
+    (replicas, recommendation) : tuple of int
+        The new replica count, and this period's raw recommendation (the caller keeps it for the window).
+
+    Raises
+    ------
+    ValueError
+        For the bad inputs :func:`desired_replicas` and :func:`check_replica_bounds` refuse.
+
+    References
+    ----------
+    Kubernetes documentation, "Horizontal Pod Autoscaling", "Algorithm details" and "Stabilization window".
+
+    Examples
+    --------
+    >>> hpa_step(4, 90, 60, min_replicas=2, max_replicas=10)   # ceil(4 x 90 / 60) = 6
+    (6, 6)
+    >>> hpa_step(6, 30, 60, min_replicas=2, max_replicas=10, window_recommendations=[6, 5])
+    (6, 3)
+    """
+    min_replicas, max_replicas = check_replica_bounds(min_replicas, max_replicas)
+    raw = desired_replicas(current_replicas, metric, target, tolerance=tolerance)
+    new = raw
+    if raw < current_replicas:  # scale down only to the highest recommendation of the window
+        new = min(current_replicas, max([raw, *window_recommendations]))
+    return min(max(new, min_replicas), max_replicas), raw
+
+
 @dataclass
 class HPA:
     """A stateful HPA controller: call :meth:`step` once per sync period with the metrics' values.
+
+    The hardened form of :func:`hpa_step` (tests check both give the same replicas where no rate
+    limit binds). It adds what the controller does beyond the core: several metrics (the largest
+    recommendation wins), a scale-up stabilization window, the scaling policies' rate limits (pods or
+    percent per period, counted from the replicas at the start of the period), ``Disabled`` directions,
+    the rescale of a target outside ``[min, max]`` without reading metrics, a target scaled to 0 left
+    alone, and the history of recommendations and scale events kept for those windows.
 
     Parameters
     ----------
