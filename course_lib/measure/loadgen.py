@@ -10,6 +10,10 @@ The target is any coroutine function ``send(i)``: an HTTP POST or an in-process 
 ``DynamicBatcher.submit`` (ready-made ones in ``course_lib.measure.targets``). Ladders of rates built
 on this generator live in ``course_lib.measure.ladder``.
 
+One concept, one module: the open-loop send loop. Its short core (:func:`open_loop_core`, read in Lesson 6),
+the hardened generator built the same way (:func:`run_open_loop`) and the run record they produce belong
+together.
+
 References
 ----------
 Schroeder, Wierman and Harchol-Balter (2006), "Open versus closed: a cautionary tale", NSDI.
@@ -354,11 +358,8 @@ async def run_open_loop(
 ) -> LoadResult:
     """Send up to ``n_requests`` requests at Poisson times for at most ``max_duration_s`` seconds.
 
-    This is :func:`open_loop_core` (same schedule, same latency from the intended send time) plus what
-    a real run needs: Poisson or given schedules bounded in count and time, a timeout per request (so a
-    run ends), an outcome per request (ok, shed, timeout, error) so that count in = count out, the
-    send lag of every request (is the generator keeping up?) and a spin before each send (timers alone
-    wake about a millisecond late).
+    :func:`open_loop_core` plus: schedules bounded in count and time, a timeout and an outcome per request
+    (count in = count out), each request's send lag, and a spin before each send (timers wake late).
 
     Parameters
     ----------
