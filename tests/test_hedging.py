@@ -316,3 +316,37 @@ def test_fanout_pages_stop_at_their_time_budget_with_at_least_one_page(slow_and_
     for bad in (0, -1.0, float("nan"), "1"):
         with pytest.raises((ValueError, TypeError), match="budget_s"):
             run(main(bad))
+
+
+@pytest.mark.parametrize("answering", [0, 1])
+def test_the_hardened_hedged_gives_the_core_s_answer_on_the_same_fake_replicas(answering):
+    """Same vectors: a primary answering within the delay (0), or a stalled primary and a hedge that answers (1)."""
+    from course_lib.serving.hedging import hedged_call_core
+
+    async def both():
+        out = []
+        for use_core in (True, False):
+            fake = FakeReplicas(2)
+            fake.release[answering].set()
+            if use_core:
+                value, replica = await hedged_call_core(
+                    fake.call, 0, 1, hedge_after_s=0.0 if answering else 30.0
+                )
+            else:
+                r = await hedged(fake.call, [0, 1], hedge_after_s=0.0 if answering else 30.0)
+                value, replica = r.value, r.replica
+            await asyncio.sleep(0)  # let a cancelled loser record its cancellation
+            out.append((value, replica, fake.calls, fake.cancelled))
+        return out
+
+    core, hardened = run(both())
+    assert core == hardened
+    assert core[:2] == (f"answer from {answering}", answering)
+    assert core[3] == ([0] if answering else [])  # the stalled primary lost and was cancelled
+
+
+def test_hedged_call_core_refuses_a_negative_delay():
+    from course_lib.serving.hedging import hedged_call_core
+
+    with pytest.raises(ValueError, match="hedge_after_s"):
+        run(hedged_call_core(FakeReplicas(2).call, 0, 1, hedge_after_s=-1.0))

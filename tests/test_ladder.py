@@ -222,3 +222,22 @@ def test_knees_carry_the_run_at_the_knee_and_rejudged_runs_read_the_same_way():
     assert (stricter["knee_rps"], stricter["first_fail_rps"]) == (0.0, 50.0)
     with pytest.raises(ValueError, match="met_slo"):
         knees(rows.drop(columns="met_slo"))
+
+
+@pytest.mark.parametrize(
+    "p99s, limit",
+    [
+        ([10, 20, 30, 200, 40], 100.0),
+        ([150, 20], 100.0),
+        ([1, 2, 3, 4, 5], 100.0),
+        ([10, 90, 101, 50, 60], 100.0),
+    ],
+)
+def test_the_knee_core_and_knees_read_the_same_knee_off_the_same_climb(p99s, limit):
+    from course_lib.measure.knee import knee_core
+
+    rates = [100.0, 200.0, 400.0, 800.0, 1600.0][: len(p99s)]
+    rows = pd.DataFrame(
+        {"repeat": 0, "target": "t", "rate_rps": rates, "p99_ms": p99s, "met_slo": [p <= limit for p in p99s]}
+    )
+    assert knee_core(rates, p99s, p99_limit_ms=limit) == knees(rows).iloc[0]["knee_rps"]

@@ -336,3 +336,48 @@ def test_a_shed_answer_keeps_its_latency_and_is_counted_as_shed():
     assert frame["latency_ms"].notna().all()  # the time it took to be refused
     summary = result.summary()
     assert (summary["ok"], summary["shed"], summary["other_errors"]) == (5, 5, 0)
+
+
+def test_the_hardened_generator_keeps_the_core_s_schedule_and_latency_accounting():
+    """Same schedule for both: sends in order, none waits for an answer, latency from the intended time.
+
+    Every answer is held until the last request has been sent, so request 0 cannot be answered before the
+    last intended send time: from its intended time its latency is at least the schedule's span.
+    """
+    from course_lib.measure.loadgen import open_loop_core
+
+    schedule_ms = np.array([0.0, 2.0, 4.0, 6.0, 8.0, 10.0])
+
+    async def one(use_core: bool):
+        order, last_sent = [], asyncio.Event()
+
+        async def send(i):
+            order.append(i)
+            if i == len(schedule_ms) - 1:
+                last_sent.set()
+            await last_sent.wait()  # a closed loop would deadlock here
+
+        if use_core:
+            latency = await open_loop_core(send, schedule_ms / 1000)
+        else:
+            result = await run_open_loop(
+                send, rate_rps=100.0, n_requests=len(schedule_ms), max_duration_s=1.0, schedule_ms=schedule_ms
+            )
+            latency = result.requests["latency_ms"].to_numpy()
+        return order, latency
+
+    for use_core in (True, False):
+        order, latency = asyncio.run(one(use_core))
+        assert order == list(range(len(schedule_ms)))
+        assert latency.shape == schedule_ms.shape and np.isfinite(latency).all()
+        assert latency[0] >= schedule_ms[-1] - schedule_ms[0] - 1.0  # 1 ms: the loop's clock may wake early
+
+
+def test_open_loop_core_refuses_negative_send_times():
+    from course_lib.measure.loadgen import open_loop_core
+
+    async def send(i):
+        return None
+
+    with pytest.raises(ValueError, match="send_times_s"):
+        asyncio.run(open_loop_core(send, [0.0, -1.0]))

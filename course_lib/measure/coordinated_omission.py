@@ -39,6 +39,7 @@ from course_lib.core.percentiles import percentiles
 from course_lib.measure.loadgen import LoadResult, outcome_of
 
 __all__ = [
+    "SerialTarget",
     "StallingTarget",
     "corrected_latencies",
     "run_closed_loop",
@@ -153,6 +154,26 @@ class StallingTarget:
         if self.stall_start_s <= now < end:
             await asyncio.sleep(end - now)
         await asyncio.sleep(self.service_s)
+        return {}
+
+
+class SerialTarget:
+    """A fake in-process service that serves one request at a time, each for ``service_ms``.
+
+    Requests queue for it in arrival order (an ``asyncio.Lock``), like a server whose model call blocks
+    its event loop: at a rate above ``1000 / service_ms`` requests/s the queue, and each latency from the
+    intended send time, grows by the difference. Used by Lesson 6 to check the open-loop loop by hand.
+    """
+
+    def __init__(self, *, service_ms: float):
+        self.service_s = positive_number("service_ms", service_ms) / 1000.0
+        self._lock: asyncio.Lock | None = None
+
+    async def __call__(self, i: int) -> dict[str, Any]:
+        if self._lock is None:  # made on first use, inside the running loop
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            await asyncio.sleep(self.service_s)
         return {}
 
 

@@ -1,4 +1,4 @@
-"""Reading a knee against the generator's limit, and surviving a spike: how long the tail takes to recover.
+"""The knee rule, small (``knee_core``); reading a knee against the generator's limit, and surviving a spike: how long the tail takes to recover.
 
 The *knee* is the highest offered rate at which the service still meets its SLO (p99 within a stated
 limit and fewer than 0.1% errors): below it latency barely moves with load, above it queues grow and
@@ -16,7 +16,7 @@ Google SRE book, ch. 4 "Service Level Objectives" (percentile SLOs) and ch. 21 "
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,41 @@ import pandas as pd
 from course_lib.core.checks import InvalidArgumentError, instance_of, positive_number
 from course_lib.core.percentiles import percentile
 
-__all__ = ["knees_beside_generator", "recovery_time_s", "rolling_p99"]
+__all__ = ["knee_core", "knees_beside_generator", "recovery_time_s", "rolling_p99"]
+
+
+def knee_core(rates_rps: Sequence[float], p99_ms: Sequence[float], *, p99_limit_ms: float) -> float:
+    """The knee rule, small: climbing the rates in order, the last rate whose p99 met the limit.
+
+    The climb stops at the first rate that misses: past it each rate only builds a longer queue.
+    ``course_lib.measure.ladder.knees`` applies this rule to a climb's rows, with error budgets, retries, repeats and the
+    generator's own check.
+
+    Parameters
+    ----------
+    rates_rps : 1-D sequence of float, shape (n,)
+        Offered rates tried (requests/s), any order.
+    p99_ms : 1-D sequence of float, shape (n,)
+        The p99 latency measured at each rate (ms).
+    p99_limit_ms : float > 0
+        The SLO's p99 limit (ms).
+
+    Returns
+    -------
+    float
+        The knee (requests/s); 0.0 if the lowest rate already missed.
+    """
+    limit = positive_number("p99_limit_ms", p99_limit_ms)
+    if len(rates_rps) != len(p99_ms):
+        raise ValueError(
+            f"rates_rps and p99_ms must have the same length, got {len(rates_rps)} and {len(p99_ms)}"
+        )
+    knee = 0.0
+    for rate, p99 in sorted(zip(rates_rps, p99_ms, strict=True)):
+        if not p99 <= limit:  # a NaN p99 (no answers) misses too
+            break
+        knee = float(rate)
+    return knee
 
 
 def _rps(value: float) -> str:

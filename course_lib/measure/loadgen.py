@@ -10,6 +10,10 @@ The target is any coroutine function ``send(i)``: an HTTP POST or an in-process 
 ``DynamicBatcher.submit`` (ready-made ones in ``course_lib.measure.targets``). Ladders of rates built
 on this generator live in ``course_lib.measure.ladder``.
 
+One concept, one module: the open-loop send loop. Its short core (:func:`open_loop_core`, read in Lesson 6),
+the hardened generator built the same way (:func:`run_open_loop`) and the run record they produce belong
+together.
+
 References
 ----------
 Schroeder, Wierman and Harchol-Balter (2006), "Open versus closed: a cautionary tale", NSDI.
@@ -42,6 +46,7 @@ __all__ = [
     "SPIN_WINDOW_S",
     "LoadResult",
     "Send",
+    "open_loop_core",
     "outcome_of",
     "run_open_loop",
     "rung_duration_s",
@@ -235,6 +240,51 @@ class LoadResult:
         return row
 
 
+async def open_loop_core(
+    send: Callable[[int], Awaitable[object]], send_times_s: Sequence[float]
+) -> np.ndarray:
+    """The open-loop send loop, small: send request ``i`` at ``start + send_times_s[i]``, whatever came before.
+
+    No request waits for an earlier answer (each is its own task), and each latency is timed from the
+    *intended* send time, so a late send or a queue in the server counts in the latency instead of
+    vanishing (coordinated omission). :func:`run_open_loop` is this loop plus hardening: Poisson
+    schedules, a timeout per request, an outcome per request (shed, timeout, error), the send lag of
+    every request and a spin before each send.
+
+    Parameters
+    ----------
+    send : coroutine function i -> anything
+        Sends request ``i`` and returns when it is answered.
+    send_times_s : 1-D sequence of float, shape (n,)
+        Intended send times in seconds from the start, non-decreasing.
+
+    Returns
+    -------
+    numpy.ndarray of float, shape (n,)
+        Latency of each request in ms, from its intended send time to its answer.
+
+    References
+    ----------
+    Gil Tene, "How NOT to measure latency" (coordinated omission); Schroeder, Wierman and
+    Harchol-Balter (2006), "Open versus closed: a cautionary tale", NSDI.
+    """
+    times = [number("send_times_s", t, min=0) for t in send_times_s]
+    latency_ms = np.full(len(times), np.nan)
+    start = time.perf_counter()
+
+    async def one(i: int, due: float) -> None:
+        await send(i)
+        latency_ms[i] = 1000.0 * (time.perf_counter() - due)  # from the intended time, not the actual send
+
+    tasks = []
+    for i, offset in enumerate(times):
+        due = start + offset
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))  # wait for the schedule, never for answers
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+    return latency_ms
+
+
 def _send_times_s(
     rate_rps: float,
     n_requests: int,
@@ -307,6 +357,9 @@ async def run_open_loop(
     spin_s: float = 0.0,
 ) -> LoadResult:
     """Send up to ``n_requests`` requests at Poisson times for at most ``max_duration_s`` seconds.
+
+    :func:`open_loop_core` plus: schedules bounded in count and time, a timeout and an outcome per request
+    (count in = count out), each request's send lag, and a spin before each send (timers wake late).
 
     Parameters
     ----------

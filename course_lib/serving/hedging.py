@@ -44,12 +44,14 @@ from course_lib.core.percentiles import percentiles
 from course_lib.serving.service import HttpStatusError
 
 __all__ = [
+    "FakeReplicas",
     "FanoutRun",
     "HedgeStats",
     "HedgedResult",
     "HedgingClient",
     "fanout_pages",
     "hedged",
+    "hedged_call_core",
     "hedging_summary",
 ]
 
@@ -173,6 +175,71 @@ class _HedgedRequest(Generic[R, T]):
         )
 
 
+class FakeReplicas:
+    """Replicas that answer after a fixed delay each, to run a hedged call by hand (Lesson 7).
+
+    ``await replicas.call(name)`` sleeps ``delays_ms[name]`` and answers ``"answer from <name>"``; it
+    records each call in ``calls`` and each cancellation in ``cancelled``.
+    """
+
+    def __init__(self, delays_ms: dict[str, float]):
+        self.delays_ms = {
+            name: positive_number(f"delays_ms[{name!r}]", ms, allow_zero=True)
+            for name, ms in delays_ms.items()
+        }
+        self.calls: list[str] = []
+        self.cancelled: list[str] = []
+
+    async def call(self, replica: str) -> str:
+        self.calls.append(replica)
+        try:
+            await asyncio.sleep(self.delays_ms[replica] / 1000.0)
+        except asyncio.CancelledError:
+            self.cancelled.append(replica)
+            raise
+        return f"answer from {replica}"
+
+
+async def hedged_call_core(
+    call: Callable[[R], Awaitable[T]], first: R, second: R, *, hedge_after_s: float
+) -> tuple[T, R]:
+    """A hedged call, small: ask ``first``; if no answer within ``hedge_after_s``, ask ``second`` too.
+
+    The first answer wins and the other call is cancelled. :func:`hedged` is this plus hardening: a
+    failed copy does not win (the other may still answer), the loser is awaited after its
+    cancellation, a cancelled caller cancels both copies, round-robin primaries, and counters.
+
+    Parameters
+    ----------
+    call : coroutine function replica -> answer
+        Must be safe to run twice (an idempotent read such as scoring a customer).
+    first, second : replicas
+        Where the request goes first, and where its one copy goes.
+    hedge_after_s : float >= 0
+        The hedge delay in seconds (Dean and Barroso: the p95 of the expected latency).
+
+    Returns
+    -------
+    (answer, replica)
+        The first answer and the replica that gave it.
+
+    References
+    ----------
+    Dean, J. and Barroso, L. A. (2013), "The Tail at Scale", CACM 56(2): 74-80, "Hedged requests".
+    """
+    delay_s = positive_number("hedge_after_s", hedge_after_s, allow_zero=True)
+    primary = asyncio.ensure_future(call(first))
+    done, _ = await asyncio.wait({primary}, timeout=delay_s)
+    if done:  # answered within the delay: no copy
+        return primary.result(), first
+    hedge = asyncio.ensure_future(call(second))
+    done, pending = await asyncio.wait({primary, hedge}, return_when=asyncio.FIRST_COMPLETED)
+    for loser in pending:
+        loser.cancel()
+    winner = done.pop()
+    return winner.result(), (first if winner is primary else second)
+
+
 async def hedged(
     call: Callable[[R], Awaitable[T]],
     replicas: Sequence[R],
@@ -182,6 +249,11 @@ async def hedged(
     stats: HedgeStats | None = None,
 ) -> HedgedResult[T]:
     """Call ``replicas[primary]``; after ``hedge_after_s`` without an answer, also call the next replica.
+
+    This is :func:`hedged_call_core` plus hardening: a copy that fails does not win while the other may
+    still answer (a fast error is hedged at once), the loser is cancelled *and awaited* so nothing runs
+    that nobody waits for, a cancelled caller cancels both copies, replicas are checked distinct (a
+    hedge into the same queue shares its stall), and every copy is counted (``stats``).
 
     Parameters
     ----------
