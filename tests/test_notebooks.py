@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lesson_shape import MAIN_PATH_WORDS_LIMIT, PRINT_PROSE_LIMIT, print_prose_lines, shape
 
 import course_lib
 
@@ -249,3 +250,46 @@ def test_every_image_output_has_alt_text(path):
 if __name__ == "__main__":  # list a lesson's typed quantities for review
     for arg in sys.argv[1:]:
         print(json.dumps({Path(arg).name: sorted(typed_quantities(Path(arg)))}, indent=1, ensure_ascii=False))
+
+
+# ----------------------------------------------------------------------------- the shape of a lesson
+# COURSE_DESIGN.md, "The shape of a lesson: idea first"; the measures live in tests/lesson_shape.py.
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_shows_its_mechanism_from_the_package(path):
+    cells = json.loads(path.read_text())["cells"]
+    shown = [
+        "".join(out.get("data", {}).get("text/plain", ""))
+        for cell in cells
+        if cell["cell_type"] == "code" and "show_source(" in "".join(cell["source"])
+        for out in cell.get("outputs", [])
+        if out.get("output_type") in ("execute_result", "display_data")
+    ]
+    assert shown, f"{path.name}: no cell renders a core with course_lib.core.source.show_source"
+    long = [text.splitlines()[0] for text in shown if len(text.splitlines()) - 1 > 60]
+    assert not long, f"{path.name}: cores over 60 lines: {long}"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_states_conclusions_in_markdown_not_printed_prose(path):
+    measured = shape(path)
+    assert measured["print_prose_share"] <= PRINT_PROSE_LIMIT, (
+        f"{path.name}: {measured['print_prose_lines']} of {measured['code_lines']} code lines sit inside "
+        f"print() calls with text (limit {PRINT_PROSE_LIMIT:.0%}); state conclusions in markdown"
+    )
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_closes_with_how_sure_are_we_and_keeps_its_main_path_short(path):
+    measured = shape(path)
+    assert measured["how_sure_cell"] is not None, f'{path.name}: no closing "How sure are we?" section'
+    assert measured["main_path_words"] <= MAIN_PATH_WORDS_LIMIT, (
+        f"{path.name}: {measured['main_path_words']} words before How sure are we? "
+        f"(limit {MAIN_PATH_WORDS_LIMIT})"
+    )
+
+
+def test_the_print_prose_measure_counts_only_prints_with_text():
+    cell = 'x = 1\nprint(x)\nprint(f"p99 {x} ms",\n      "and more")\n# a comment\n%time x\n'
+    assert print_prose_lines(cell) == (2, 4)
