@@ -1,5 +1,7 @@
 """The churn scoring request pipeline: five timed stages, run in-process (the app and client live beside it).
 
+One concept, one module: the pipeline's stages and the service that times them are one request path.
+
 A request is the JSON body ``{"customer_id": "SC-0000042"}``. It goes through the five stages of
 the source lesson's latency budget, each one real and each one timed:
 
