@@ -7,21 +7,16 @@ batches concurrent requests, refuses a bad request with a 4xx, and stops when it
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import pytest
+from orphans import server_stops_with_its_parent
 
 from course_lib.churn.model import features
 from course_lib.core.checks import InvalidArgumentError
-from course_lib.core.waiting import wait_until
-from course_lib.lesson_map import ROOT
 from course_lib.offline.inference_servers import (
     start_mlserver,
     start_triton,
@@ -182,23 +177,4 @@ def test_a_server_stops_when_its_parent_dies(server, onnx_model, churn_model, tm
         time.sleep(600)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        url = parent.stdout.readline().strip()
-        assert httpx.get(url + "/v2/health/ready", timeout=10).status_code == 200
-        parent.send_signal(signal.SIGKILL)  # the notebook kernel dies: no cleanup runs in it
-        parent.wait(10)
-
-        def gone() -> bool:
-            try:
-                httpx.get(url + "/v2/health/ready", timeout=1)
-            except httpx.TransportError:
-                return True
-            return False
-
-        wait_until(gone, timeout_s=60, interval_s=0.2, what=f"{server} to stop after its parent")
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-        parent.stdout.close()
+    server_stops_with_its_parent(script, "/v2/health/ready", what=server, timeout_s=60)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from orphans import server_stops_with_its_parent
 
 from course_lib.core.waiting import wait_until
 from course_lib.serving.batching.predict import run_servers
@@ -273,30 +271,7 @@ def test_a_server_exits_when_its_parent_dies(store_folder, tmp_path):
             time.sleep(600)
         """
     )
-    parent = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        base, pid = parent.stdout.readline().split()
-        assert httpx.get(base + "/healthz", timeout=10).status_code == 200
-        parent.send_signal(signal.SIGKILL)  # the notebook kernel dies: no cleanup runs in it
-        parent.wait(10)
-
-        def gone() -> bool:
-            try:
-                httpx.get(base + "/healthz", timeout=1)
-            except httpx.TransportError:
-                return True
-            return False
-
-        wait_until(gone, timeout_s=30, interval_s=0.2, what=f"server {pid} to exit after its parent")
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-        parent.stdout.close()
+    server_stops_with_its_parent(script, "/healthz", what="the server", timeout_s=30)
 
 
 def test_timing_bounds_are_checked_before_anything_starts():
