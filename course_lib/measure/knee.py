@@ -50,7 +50,7 @@ def knee_core(rates_rps: Sequence[float], p99_ms: Sequence[float], *, p99_limit_
     """
     limit = positive_number("p99_limit_ms", p99_limit_ms)
     if len(rates_rps) != len(p99_ms):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"rates_rps and p99_ms must have the same length, got {len(rates_rps)} and {len(p99_ms)}"
         )
     knee = 0.0
